@@ -1,0 +1,141 @@
+"""The config schema: the single source of defaults, registered with Hydra's ConfigStore.
+
+Hydra composes `conf/config.yaml` on top of `RunConfig`, so a misspelled key or a bad Enum value fails at
+composition with its full key and the valid values. Below the CLI, code sees only these dataclasses (frozen with
+`OmegaConf.to_object`) and plain dicts for the `_target_` nodes: never a DictConfig.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, List, Optional
+
+from hydra.core.config_store import ConfigStore
+
+
+class HardwareKind(str, Enum):
+    cpu = "cpu"
+    gpu = "gpu"
+    multi_gpu = "multi_gpu"
+    multi_cpu = "multi_cpu"
+    tpu = "tpu"
+    auto = "auto"
+
+
+class PrecisionKind(str, Enum):
+    fp32 = "fp32"
+    fp16 = "fp16"
+    bf16 = "bf16"
+    fp8 = "fp8"
+
+
+class MonitorMode(str, Enum):
+    max = "max"
+    min = "min"
+
+
+@dataclass
+class HardwareConfig:
+    kind: HardwareKind = HardwareKind.cpu
+    """Where the run executes: cpu, gpu (one CUDA device), multi_gpu, multi_cpu (gloo), tpu, auto."""
+    num_processes: int = 1
+    """Processes on this machine. multi_cpu/multi_gpu start this many workers."""
+
+
+@dataclass
+class PrecisionConfig:
+    kind: PrecisionKind = PrecisionKind.fp32
+    """fp32, bf16 (autocast), fp16 (autocast + gradient scaler), fp8 (torchao float8 training)."""
+    fp8_emulation: bool = False
+    """Allow fp8 without a CUDA device of compute capability >= 8.9. Slow: only to test the code path."""
+
+
+@dataclass
+class TrainerConfig:
+    max_epochs: int = 1
+    """Epochs to train. The run stops at whichever of max_epochs / max_steps comes first."""
+    max_steps: Optional[int] = None
+    """Optimizer steps to train (None: no step limit)."""
+    batch_size: int = 32
+    """Samples per optimizer step per process, before gradient accumulation."""
+    eval_batch_size: Optional[int] = None
+    """Samples per evaluation batch (None: same as batch_size)."""
+    eval_every_steps: Optional[int] = None
+    """Evaluate every N optimizer steps (None: at the end of each epoch). The run always ends with an evaluation."""
+    log_every_steps: int = 10
+    """Read the loss from the device and log it every N optimizer steps."""
+    grad_accum_steps: int = 1
+    """Micro-batches accumulated per optimizer step."""
+    max_grad_norm: Optional[float] = None
+    """Clip the global gradient norm to this value (None: no clipping)."""
+    monitor: str = "val/accuracy"
+    """The metric the run returns to Hydra (and sweepers), e.g. val/accuracy or val/loss."""
+    monitor_mode: MonitorMode = MonitorMode.max
+    """Whether a larger (max) or smaller (min) monitored value is better."""
+    progress_bar: bool = True
+    """Show a console progress bar on the main process."""
+    data_in_memory_mb: int = 4096
+    """Splits up to this size are materialised as tensors once (fastest); larger ones stream Arrow batches."""
+
+
+@dataclass
+class CheckpointConfig:
+    enabled: bool = True
+    """Write checkpoints into <run dir>/checkpoints."""
+    every_epoch: bool = True
+    """Save at the end of every epoch (the run always saves at its end)."""
+
+
+@dataclass
+class LoggingConfig:
+    tensorboard: bool = True
+    """Write TensorBoard event files into <run dir>/tensorboard."""
+    jsonl: bool = True
+    """Append one JSON object per logged step to <run dir>/metrics.jsonl."""
+
+
+@dataclass
+class RunConfig:
+    """A whole experiment. Recipes (`recipes/*.yaml`) set these keys; the command line overrides them."""
+
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    model: Any = None
+    """`_target_` node: the torch.nn.Module to train."""
+    optimizer: Any = None
+    """`_target_` node with `_partial_: true`: called with the model's parameters."""
+    scheduler: Any = None
+    """`_target_` node with `_partial_: true`, called with the optimizer (and total_steps if it takes it); or null."""
+    data: Any = None
+    """`_target_` node returning a datasets.DatasetDict with `train` and `validation` splits."""
+    task: Any = None
+    """`_target_` node: turns a batch into a loss and metrics."""
+    seed: int = 0
+    """Seeds python, numpy and torch on every process."""
+    gpu_ids: Any = None
+    """Which GPUs to use: all, a list like [0,2], or a string like "0,2" (None: all)."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    resume: Optional[str] = None
+    """A checkpoint directory to load model, optimizer and scheduler state from before training."""
+    allowed_targets: List[str] = field(
+        default_factory=lambda: ["runner.", "torch.", "datasets.", "transformers.", "timm.", "torchvision."]
+    )
+    """Module prefixes a `_target_` may come from; add your own package (e.g. "mylab.") to use its classes."""
+
+
+def register_configs() -> None:
+    """Register the schema so `conf/config.yaml` can list `runner_schema` first in its defaults."""
+    ConfigStore.instance().store(name="runner_schema", node=RunConfig)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What a worker process receives: the typed config, the same config as a plain resolved dict (for logging
+    and checkpoints), and the absolute run dir. Picklable, so the elastic launcher can hand it to each rank."""
+
+    config: RunConfig
+    resolved: dict
+    run_dir: str

@@ -1,0 +1,165 @@
+"""Tabular classification datasets: the user's own files, a dataset a package ships, or a Hub dataset.
+
+Every factory returns a `datasets.DatasetDict` with `train` and `validation` splits holding two columns:
+`features` (a fixed-length float32 list) and `label` (int64 class index), which `runner.tasks.Classification`
+reads by default.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any, Sequence
+from urllib.parse import urlparse
+
+from runner.errors import ConfigError, DataError
+
+FILE_FORMATS = ("csv", "json", "parquet")
+
+
+def local_files(
+    train: str,
+    validation: str | None = None,
+    format: str | None = None,
+    label_column: str = "label",
+    feature_columns: Sequence[str] | None = None,
+    validation_fraction: float = 0.2,
+    seed: int = 0,
+):
+    """Read the user's CSV / JSON / Parquet files through `datasets.load_dataset`.
+
+    Without a `validation` file, `validation_fraction` of the training rows is held out (seeded). Relative paths
+    are taken from the directory the command was run in.
+    """
+    paths = {"train": train} if validation is None else {"train": train, "validation": validation}
+    for split, path in paths.items():
+        if not Path(path).expanduser().is_file():
+            raise DataError(
+                f"data.{split}: no such file '{path}' (looked in {Path(path).expanduser().resolve().parent}); "
+                f"give the path of a {'/'.join(FILE_FORMATS)} file, absolute or relative to where you ran the command"
+            )
+    format = format or Path(train).suffix.lstrip(".").lower()
+    if format == "jsonl":
+        format = "json"
+    if format not in FILE_FORMATS:
+        raise ConfigError("data.format", f"'{format}' is not a file format this reads; choose one of {', '.join(FILE_FORMATS)}")
+
+    import datasets
+
+    data_files = {split: str(Path(path).expanduser().resolve()) for split, path in paths.items()}
+    loaded = datasets.load_dataset(format, data_files=data_files)
+    if "validation" not in loaded:
+        held_out = loaded["train"].train_test_split(test_size=validation_fraction, seed=seed)
+        loaded = datasets.DatasetDict({"train": held_out["train"], "validation": held_out["test"]})
+    return to_classification(loaded, label_column, feature_columns)
+
+
+def sklearn_digits(validation_fraction: float = 0.2, seed: int = 0):
+    """scikit-learn's bundled copy of the UCI handwritten digits (1,797 8x8 images, 10 classes): no download."""
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as err:
+        raise DataError(
+            "data: this recipe reads scikit-learn's bundled digits, and scikit-learn is not installed; "
+            "install it with `pip install -e '.[digits]'`"
+        ) from err
+    import datasets
+
+    bunch = load_digits()
+    table = datasets.Dataset.from_dict(
+        {"features": (bunch.data / 16.0).astype("float32").tolist(), "label": bunch.target.tolist()},
+        features=datasets.Features(
+            {
+                "features": datasets.Sequence(datasets.Value("float32"), length=bunch.data.shape[1]),
+                "label": datasets.Value("int64"),
+            }
+        ),
+    )
+    split = table.train_test_split(test_size=validation_fraction, seed=seed)
+    return datasets.DatasetDict({"train": split["train"], "validation": split["test"]})
+
+
+def hub(
+    name: str,
+    config_name: str | None = None,
+    train_split: str = "train",
+    validation_split: str = "validation",
+    label_column: str = "label",
+    feature_columns: Sequence[str] | None = None,
+    validation_fraction: float = 0.2,
+    seed: int = 0,
+    probe_timeout_s: float = 3.0,
+):
+    """A dataset from the Hugging Face Hub by name (needs network, or HF_HUB_OFFLINE=1 and a cached copy).
+
+    Offline without HF_HUB_OFFLINE, `datasets` retries for a minute or more; we probe the Hub first and fail in
+    seconds with what to do instead.
+    """
+    if os.environ.get("HF_HUB_OFFLINE", "0") in ("0", "", "false", "False") and not os.environ.get("HF_DATASETS_OFFLINE"):
+        _require_hub_reachable(name, probe_timeout_s)
+    import datasets
+
+    try:
+        loaded = datasets.load_dataset(name, config_name)
+    except Exception as err:  # datasets raises many types here (offline, missing, auth); all mean "cannot load"
+        raise DataError(f"data.name: could not load Hub dataset '{name}': {err}") from err
+    splits: dict[str, Any] = {"train": loaded[train_split]}
+    if validation_split in loaded:
+        splits["validation"] = loaded[validation_split]
+    else:
+        held_out = loaded[train_split].train_test_split(test_size=validation_fraction, seed=seed)
+        splits = {"train": held_out["train"], "validation": held_out["test"]}
+    return to_classification(datasets.DatasetDict(splits), label_column, feature_columns)
+
+
+def _require_hub_reachable(name: str, timeout_s: float) -> None:
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    host, port = endpoint.hostname or "huggingface.co", endpoint.port or 443
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as err:
+        raise DataError(
+            f"data.name: cannot reach the Hugging Face Hub ({host}:{port}: {err}) to load '{name}'. "
+            "Go online, or set HF_HUB_OFFLINE=1 to use a copy already in your cache, "
+            "or point the recipe at local files (data=local_files, data.train=PATH)"
+        ) from err
+
+
+def to_classification(splits, label_column: str, feature_columns: Sequence[str] | None):
+    """Pack the chosen numeric columns into one `features` list column and the label into `label` (int64)."""
+    import datasets
+
+    train = splits["train"]
+    if label_column not in train.column_names:
+        raise ConfigError(
+            "data.label_column",
+            f"'{label_column}' is not a column of the data; columns are {', '.join(train.column_names)}",
+        )
+    columns = list(feature_columns) if feature_columns else [c for c in train.column_names if c != label_column]
+    missing = [c for c in columns if c not in train.column_names]
+    if missing:
+        raise ConfigError(
+            "data.feature_columns",
+            f"{', '.join(missing)} not in the data; columns are {', '.join(train.column_names)}",
+        )
+    label_feature = train.features[label_column]
+    if not isinstance(label_feature, datasets.ClassLabel) and label_feature.dtype == "string":
+        # Class names from every split at once, so class k means the same thing in train and validation.
+        names = sorted(set().union(*(split.unique(label_column) for split in splits.values())))
+        splits = splits.cast_column(label_column, datasets.ClassLabel(names=names))
+
+    def pack(batch):
+        rows = len(batch[label_column])
+        return {
+            "features": [[float(batch[c][i]) for c in columns] for i in range(rows)],
+            "label": batch[label_column],
+        }
+
+    packed_features = datasets.Features(
+        {
+            "features": datasets.Sequence(datasets.Value("float32"), length=len(columns)),
+            "label": datasets.Value("int64"),
+        }
+    )
+    return splits.map(pack, batched=True, remove_columns=train.column_names, features=packed_features)

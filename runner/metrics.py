@@ -1,0 +1,124 @@
+"""Where metrics go: TensorBoard, metrics.jsonl and the console progress bar.
+
+Real objects on the main process, no-op objects elsewhere: the rank is decided here, once, so the loop never asks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class MetricsLogger:
+    """Scalars to TensorBoard (`<run dir>/tensorboard`) and one JSON object per logged step to metrics.jsonl."""
+
+    def __init__(self, run_dir: Path, tensorboard: bool = True, jsonl: bool = True):
+        self._writer = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+        self._jsonl = open(run_dir / "metrics.jsonl", "a", encoding="utf-8") if jsonl else None
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        if self._writer:
+            for name, value in metrics.items():
+                self._writer.add_scalar(name, value, step)
+        if self._jsonl:
+            self._jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
+            self._jsonl.flush()
+
+    def log_config(self, config: dict[str, Any]) -> None:
+        """The resolved config as text (TensorBoard's Text tab), in YAML inside a code block."""
+        if self._writer:
+            text = yaml.safe_dump(config, sort_keys=False)
+            self._writer.add_text("config", "```\n" + text + "```", 0)
+
+    def log_hparams(self, config: dict[str, Any], final_metrics: dict[str, float]) -> None:
+        """Flattened config as hparams with the final metrics, so TensorBoard's HParams tab compares runs."""
+        if self._writer:
+            metrics = {f"hparam/{name}": value for name, value in final_metrics.items()}
+            # run_name="." keeps them in this run's event file instead of a new timestamped subdirectory.
+            self._writer.add_hparams(flatten_hparams(config), metrics, run_name=".")
+
+    def close(self) -> None:
+        if self._writer:
+            self._writer.close()
+        if self._jsonl:
+            self._jsonl.close()
+
+
+class NullLogger:
+    """What processes other than the main one log to: nothing."""
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        pass
+
+    def log_config(self, config: dict[str, Any]) -> None:
+        pass
+
+    def log_hparams(self, config: dict[str, Any], final_metrics: dict[str, float]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def make_logger(run_dir: Path, is_main: bool, tensorboard: bool, jsonl: bool) -> MetricsLogger | NullLogger:
+    return MetricsLogger(run_dir, tensorboard, jsonl) if is_main else NullLogger()
+
+
+def flatten_hparams(config: dict[str, Any], prefix: str = "") -> dict[str, int | float | str | bool]:
+    """Nested keys as dotted names; lists, None and other non-scalars as strings (TensorBoard refuses them)."""
+    flat: dict[str, int | float | str | bool] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten_hparams(value, prefix=f"{name}."))
+        elif isinstance(value, Enum):
+            flat[name] = str(value.value)
+        elif isinstance(value, (bool, int, float, str)):
+            flat[name] = value
+        else:
+            flat[name] = str(value)
+    return flat
+
+
+class Progress:
+    """A tqdm bar over optimizer steps with loss and samples/s; nothing at all when disabled."""
+
+    def __init__(self, total: int, enabled: bool):
+        self._bar = None
+        if enabled:
+            from tqdm.auto import tqdm
+            from tqdm.contrib.logging import logging_redirect_tqdm
+
+            self._bar = tqdm(total=total, desc="train", unit="step", dynamic_ncols=True)
+            # Log lines go through tqdm.write while the bar is shown, so they do not tear the bar apart.
+            self._redirect = logging_redirect_tqdm()
+            self._redirect.__enter__()
+
+    def update(self, steps: int = 1) -> None:
+        if self._bar is not None:
+            self._bar.update(steps)
+
+    def show(self, metrics: dict[str, float]) -> None:
+        if self._bar is not None:
+            self._bar.set_postfix({name: _short(value) for name, value in metrics.items()}, refresh=False)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._redirect.__exit__(None, None, None)
+            self._bar = None
+
+
+def _short(value: float) -> str:
+    if math.isfinite(value) and abs(value) >= 100:
+        return f"{value:.0f}"
+    return f"{value:.4g}"
