@@ -143,17 +143,13 @@ def to_classification(splits, label_column: str, feature_columns: Sequence[str] 
             "data.feature_columns",
             f"{', '.join(missing)} not in the data; columns are {', '.join(train.column_names)}",
         )
-    label_feature = train.features[label_column]
-    if not isinstance(label_feature, datasets.ClassLabel) and label_feature.dtype == "string":
-        # Class names from every split at once, so class k means the same thing in train and validation.
-        names = sorted(set().union(*(split.unique(label_column) for split in splits.values())))
-        splits = splits.cast_column(label_column, datasets.ClassLabel(names=names))
+    encode_labels = _label_encoder(splits, label_column)
 
     def pack(batch):
         rows = len(batch[label_column])
         return {
             "features": [[float(batch[c][i]) for c in columns] for i in range(rows)],
-            "label": batch[label_column],
+            "label": encode_labels(batch[label_column]),
         }
 
     packed_features = datasets.Features(
@@ -163,3 +159,17 @@ def to_classification(splits, label_column: str, feature_columns: Sequence[str] 
         }
     )
     return splits.map(pack, batched=True, remove_columns=train.column_names, features=packed_features)
+
+
+def _label_encoder(splits, label_column: str):
+    """Class names -> ids, with names from every split at once so class k means the same thing in each."""
+    import datasets
+
+    if _is_string(splits["train"].features[label_column]):
+        names = sorted(set().union(*(split.unique(label_column) for split in splits.values())))
+        return datasets.ClassLabel(names=names).str2int
+    return lambda labels: labels
+
+
+def _is_string(feature) -> bool:
+    return getattr(feature, "dtype", None) in ("string", "large_string")

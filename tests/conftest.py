@@ -1,0 +1,85 @@
+"""Shared test helpers: run the real CLI in a subprocess and read back what it left in the run dir."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A tiny but real default run: the generated reverse task with few rows, a couple of optimizer steps.
+TINY = ("data.num_train=256", "data.num_validation=64", "trainer.batch_size=32", "trainer.progress_bar=false")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_hf_cache(tmp_path_factory):
+    """Generated datasets are cached per test session, never in the user's ~/.cache."""
+    cache = tmp_path_factory.mktemp("hf_datasets_cache")
+    os.environ["HF_DATASETS_CACHE"] = str(cache)
+    os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
+    return cache
+
+
+@dataclass
+class CliResult:
+    returncode: int
+    stdout: str
+    stderr: str
+    cwd: Path
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+    def run_dirs(self) -> list[Path]:
+        """Run dirs (single runs and sweep jobs) under cwd/outputs that hold a config.yaml, oldest first."""
+        return sorted(path.parent for path in (self.cwd / "outputs").rglob("config.yaml") if ".hydra" not in path.parts)
+
+    def run_dir(self) -> Path:
+        dirs = self.run_dirs()
+        assert len(dirs) == 1, f"expected one run dir, found {dirs}\n{self.output}"
+        return dirs[0]
+
+
+def run_cli(*overrides: str, cwd: Path, env: dict | None = None, timeout: float = 600, args: tuple = ()) -> CliResult:
+    """`python -m runner OVERRIDES` in cwd, as a user would type it."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    proc = subprocess.run(
+        [sys.executable, *args, "-m", "runner", *overrides],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return CliResult(proc.returncode, proc.stdout, proc.stderr, Path(cwd))
+
+
+@pytest.fixture
+def cli(tmp_path):
+    """Call as cli(*overrides) to run the CLI in a fresh working directory."""
+
+    def call(*overrides: str, **kwargs) -> CliResult:
+        return run_cli(*overrides, cwd=kwargs.pop("cwd", tmp_path), **kwargs)
+
+    return call
+
+
+def read_scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
+    """(step, value) pairs of a TensorBoard scalar, read back from the event files."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    return [(event.step, event.value) for event in events.Scalars(tag)]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    import json
+
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -1,0 +1,86 @@
+"""End-to-end: `python -m runner ...` in a subprocess, asserting on the run dir it leaves."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from conftest import ROOT, TINY, read_jsonl, read_scalars
+
+
+def test_default_run_writes_a_complete_run_dir(cli):
+    result = cli(*TINY, "trainer.max_steps=6", "trainer.log_every_steps=2")
+    assert result.returncode == 0, result.output
+    run_dir = result.run_dir()
+    assert run_dir.parent.parent == result.cwd / "outputs"
+
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert config["trainer"]["max_steps"] == 6
+    assert config["model"]["_target_"] == "runner.models.SeqTransformer"
+    assert config["model"]["max_len"] == 12  # ${data.seq_len} resolved once, in the parent
+    assert (run_dir / ".hydra" / "overrides.yaml").is_file()
+    assert (run_dir / "runner.log").is_file()
+
+    losses = read_scalars(run_dir, "train/loss")
+    assert [step for step, _ in losses] == [2, 4, 6]
+    assert all(0 < value < 5 for _, value in losses)
+    assert [step for step, _ in read_scalars(run_dir, "train/lr")] == [2, 4, 6]
+    assert all(value > 0 for _, value in read_scalars(run_dir, "train/samples_per_s"))
+    (final_step, accuracy), = read_scalars(run_dir, "val/accuracy")
+    assert final_step == 6 and 0 <= accuracy <= 1
+
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    assert [row["step"] for row in rows if "train/loss" in row] == [2, 4, 6]
+    assert [row["val/accuracy"] for row in rows if "val/accuracy" in row] == pytest.approx([accuracy])
+
+    checkpoint = run_dir / "checkpoints" / "step_00000006"
+    assert (run_dir / "checkpoints" / "latest").read_text() == "step_00000006"
+    weights = load_file(checkpoint / "model.safetensors")
+    assert weights["head.weight"].shape == (10, 64)
+    state = torch.load(checkpoint / "state.pt", weights_only=True)
+    assert state["step"] == 6 and state["optimizer"]["state"]
+    assert state["scheduler"]["last_epoch"] == 6
+    # The final line names the monitored metric's value, the same one TensorBoard holds.
+    assert f"val/accuracy={accuracy:.4f}" in result.output
+
+
+def test_runs_from_any_working_directory(cli, tmp_path):
+    elsewhere = tmp_path / "some" / "where"
+    elsewhere.mkdir(parents=True)
+    result = cli(*TINY, "trainer.max_steps=1", cwd=elsewhere)
+    assert result.returncode == 0, result.output
+    assert result.run_dir().is_relative_to(elsewhere / "outputs")
+
+
+def test_two_runs_get_two_run_dirs(cli):
+    first = cli(*TINY, "trainer.max_steps=1")
+    second = cli(*TINY, "trainer.max_steps=1")
+    assert first.returncode == second.returncode == 0
+    assert len(second.run_dirs()) == 2
+
+
+@pytest.mark.parametrize("recipe", sorted(path.stem for path in (ROOT / "recipes").glob("*.yaml")))
+def test_every_recipe_composes_and_runs_two_steps(cli, tmp_path, recipe):
+    extra = ("data.num_train=256", "data.num_validation=64") if recipe == "reverse" else ()
+    if recipe == "tabular_csv":
+        table = tmp_path / "iris_like.csv"
+        table.write_text(_three_class_csv(rows=90))
+        extra = (f"data.train={table}", "data.label_column=species")
+    result = cli(f"recipe={recipe}", "trainer.max_steps=2", "trainer.progress_bar=false", *extra)
+    assert result.returncode == 0, result.output
+    (step, _), = read_scalars(result.run_dir(), "val/accuracy")
+    assert step == 2
+
+
+def _three_class_csv(rows: int) -> str:
+    import random
+
+    rng = random.Random(0)
+    lines = ["a,b,c,d,species"]
+    for index in range(rows):
+        label = index % 3
+        values = [label + rng.gauss(0, 0.3) for _ in range(4)]
+        lines.append(",".join(f"{v:.3f}" for v in values) + f",{['setosa', 'versicolor', 'virginica'][label]}")
+    return "\n".join(lines) + "\n"
