@@ -103,7 +103,9 @@ class Loop:
             if settings.eval_every_steps and self.state.step % settings.eval_every_steps == 0:
                 self.evaluate_and_log()
             if self.state.step >= self.total_steps:
-                return
+                if index + 1 < self.steps_per_epoch * accumulate:
+                    return  # stopped inside the epoch: it does not count as done
+                break
         self.state.epoch += 1
 
     def micro_step(self, batch, accumulate: int) -> torch.Tensor:
