@@ -173,14 +173,14 @@ def write_report(sweep_dir: Path, monitor: str, mode: str) -> list[JobResult]:
 
 def collect_results(sweep_dir: Path, monitor: str, mode: str) -> list[JobResult]:
     """Every job dir's result.json; a job dir without one (running or killed) is listed as unfinished."""
+    finished = {path.parent for path in sweep_dir.rglob(RESULT_FILE)}
+    started = {path.parent.parent for path in sweep_dir.rglob(".hydra/overrides.yaml")}
     results = []
-    for overrides_file in sorted(sweep_dir.rglob(".hydra/overrides.yaml")):
-        run_dir = overrides_file.parent.parent
-        result_file = run_dir / RESULT_FILE
-        if result_file.is_file():
-            results.append(JobResult.from_json(result_file.read_text(encoding="utf-8")))
+    for run_dir in sorted(finished | started):
+        if run_dir in finished:
+            results.append(JobResult.from_json((run_dir / RESULT_FILE).read_text(encoding="utf-8")))
             continue
-        overrides = yaml.safe_load(overrides_file.read_text(encoding="utf-8")) or []
+        overrides = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text(encoding="utf-8")) or []
         job = int(run_dir.name) if run_dir.name.isdigit() else -1
         results.append(JobResult(job, JobStatus.unfinished, overrides, monitor, mode, run_dir=str(run_dir)))
     return results

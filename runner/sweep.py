@@ -59,14 +59,14 @@ class SweepReport(Callback):
         if self._skipped is None:
             report.write_result(result)
         if config.hydra.mode == RunMode.MULTIRUN:
-            sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
+            sweep_dir = _sweep_dir(config)
             report.write_hparams(sweep_dir, result)
             report.write_report(sweep_dir, config.trainer.monitor, _mode(config))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if not DistInfo.from_env().is_main:
             return
-        sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
+        sweep_dir = _sweep_dir(config)
         results = report.write_report(sweep_dir, config.trainer.monitor, _mode(config))
         log.info("sweep report (%d jobs): %s", len(results), sweep_dir / report.REPORT_MD)
 
@@ -105,6 +105,11 @@ def _make_storage_dir(storage: Any) -> None:
     prefix = "sqlite:///"
     if isinstance(storage, str) and storage.startswith(prefix) and storage != prefix + ":memory:":
         Path(storage[len(prefix):]).parent.mkdir(parents=True, exist_ok=True)
+
+
+def _sweep_dir(config: DictConfig) -> Path:
+    """Absolute, from where the command was run (a job with hydra.job.chdir=true runs inside its own dir)."""
+    return (Path(config.hydra.runtime.cwd) / str(config.hydra.sweep.dir)).resolve()
 
 
 def _overrides(config: DictConfig) -> list[str]:

@@ -78,6 +78,7 @@ def test_a_failing_trial_is_recorded_the_sweep_goes_on_and_a_rerun_skips_finishe
     assert [(row["job"], row["status"]) for row in rows] == [("1", "completed"), ("0", "failed")]
 
 
+@pytest.mark.slow
 def test_optuna_search_runs_trials_and_resumes_its_study(cli):
     import optuna  # the test extra installs the sweeps extra
     search = (*FAST, "hparams_search=lr_width", "hydra.sweeper.n_trials=3")
@@ -111,6 +112,7 @@ def test_optuna_search_runs_trials_and_resumes_its_study(cli):
     assert sorted(trial.value for trial in study.trials[:3]) == pytest.approx(sorted(values))
 
 
+@pytest.mark.slow
 def test_joblib_launcher_runs_two_jobs_in_parallel_processes_including_multi_cpu(cli):
     result = cli("-m", *FAST, "hydra/launcher=parallel", "hardware=cpu,multi_cpu")
     assert result.returncode == 0, result.output
@@ -123,6 +125,7 @@ def test_joblib_launcher_runs_two_jobs_in_parallel_processes_including_multi_cpu
     assert (multi / "runner_rank1.log").is_file()  # two ranks, started from inside a loky worker
 
 
+@pytest.mark.slow
 def test_submitit_local_launcher_runs_the_slurm_code_path(cli):
     result = cli("-m", *FAST, "hydra/launcher=slurm_local", "optimizer.lr=1e-3,3e-4")
     assert result.returncode == 0, result.output
