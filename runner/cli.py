@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner.checks import check
 from runner.config import RunConfig, RunSpec, register_configs
+from runner.devices import apply_gpus, select_gpus
 from runner.errors import ConfigError, RunnerError
 from runner.launch import launch
 
@@ -31,7 +32,12 @@ def main(cfg: DictConfig) -> float:
     run_dir = Path(HydraConfig.get().runtime.output_dir).resolve()
     try:
         spec = freeze(cfg, run_dir)
+        hardware = spec.config.hardware
+        gpus = select_gpus(hardware.kind, spec.config.gpu_ids, hardware.num_processes)
+        apply_gpus(gpus)  # CUDA reads CUDA_VISIBLE_DEVICES once, when it initialises: before any check touches CUDA
         check(spec.config)
+        if gpus.physical:
+            log.info("%s", gpus.table(hardware.num_processes))
         (run_dir / "config.yaml").write_text(yaml.safe_dump(spec.resolved, sort_keys=False), encoding="utf-8")
         final = launch(spec)
         value = monitored_value(final, spec.config.trainer.monitor)
