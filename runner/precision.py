@@ -125,12 +125,13 @@ def _fp8_problems(fp8_emulation: bool, device_type: str) -> list[Problem]:
         problems.append(Problem("precision", f"fp8 needs torchao, which failed to import ({err}); {FP8_INSTALL}"))
     if fp8_emulation:
         return problems
-    if device_type != "cuda":
+    if device_type != "cuda" or not torch.cuda.is_available():
+        where = "has no usable CUDA GPU" if device_type == "cuda" else f"runs on {device_type}"
         problems.append(
             Problem(
                 "precision.fp8_emulation",
-                f"precision=fp8 needs a CUDA GPU of compute capability >= 8.9 (Ada, Hopper or newer) and this run is on "
-                f"{device_type}; use precision=bf16, or set precision.fp8_emulation=true to run the fp8 code path "
+                f"precision=fp8 needs a CUDA GPU of compute capability >= 8.9 (Ada, Hopper or newer) and this run "
+                f"{where}; use precision=bf16, or set precision.fp8_emulation=true to run the fp8 code path "
                 "slowly, only to test it",
             )
         )

@@ -24,7 +24,7 @@ def launch(fn, *args, nproc: int = 2) -> dict:
 
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"test-{uuid.uuid4().hex[:8]}",
-        rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, start_method="spawn",
+        rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, start_method="fork",  # fork: 0.3 s a launch against seconds for spawn; CPU only
     )
     return elastic_launch(config, fn)(*args)
 
