@@ -324,3 +324,88 @@ def test_tpu_path_steps_and_loads_through_torch_xla(monkeypatch):
     accelerated_loop(accelerator, model, optimizer, loader)
     assert fake.calls == ["MpDeviceLoader(cpu)", "optimizer_step", "sync", "optimizer_step", "sync"]
     assert max_difference(reference, candidate) == 0
+
+
+# -- the standard loop, through the CLI: grad_accum_steps, max_grad_norm and precision come from the config --------
+
+
+def _final_val_loss(result) -> float:
+    from conftest import read_scalars
+
+    assert result.returncode == 0, result.output
+    return read_scalars(result.run_dir(), "val/loss")[-1][1]
+
+
+class RecordingLogger:
+    def __init__(self):
+        self.rows = []
+
+    def log(self, step, metrics):
+        self.rows.append((step, metrics))
+
+
+def run_loop(batch_size: int, grad_accum_steps: int, steps: int = 3):
+    """The standard Loop in this process over a small classification set; returns (train losses, model)."""
+    from runner.data.batches import TensorBatches
+    from runner.loop import Loop
+    from runner.metrics import Progress
+    from runner.checkpoint import Checkpointer
+    from runner.config import TrainerConfig
+    from runner.tasks import Classification
+
+    features, labels = make_data(256)[:]
+    columns = {"features": features, "label": labels}
+    settings = TrainerConfig(batch_size=batch_size, grad_accum_steps=grad_accum_steps, max_steps=steps,
+                             log_every_steps=1, progress_bar=False)
+    accelerator = Accelerator("cpu", grad_accum_steps=grad_accum_steps)
+    model = make_model()
+    model, optimizer, train, val = accelerator.prepare(
+        model, torch.optim.SGD(model.parameters(), lr=0.1),
+        TensorBatches(columns, batch_size, shuffle=True, seed=0), TensorBatches(columns, 64, shuffle=False, seed=0),
+    )
+    logger = RecordingLogger()
+    Loop(accelerator, model, optimizer, None, train, val, Classification(), settings, logger=logger,
+         progress=Progress(steps, enabled=False), checkpointer=Checkpointer(None, enabled=False),
+         checkpoint_every_epoch=False).fit()
+    return [metrics["train/loss"] for _, metrics in logger.rows if "train/loss" in metrics], model
+
+
+def test_the_loop_accumulating_4x8_matches_batches_of_32():
+    losses, model = run_loop(batch_size=32, grad_accum_steps=1)
+    accumulated_losses, accumulated_model = run_loop(batch_size=8, grad_accum_steps=4)
+    assert len(losses) == 3 and accumulated_losses == pytest.approx(losses, abs=1e-6)
+    assert 0 < max_difference(model, make_model()) and max_difference(model, accumulated_model) < 1e-6
+
+
+def test_the_loop_under_fp16_clips_and_logs_the_grad_norm(cli):
+    from conftest import TINY, read_scalars
+
+    result = cli(*TINY, "precision=fp16", "trainer.max_grad_norm=0.5", "trainer.max_steps=3", "trainer.log_every_steps=1")
+    assert result.returncode == 0, result.output
+    norms = read_scalars(result.run_dir(), "train/grad_norm")
+    assert [step for step, _ in norms] == [1, 2, 3]
+    # Unscaled before clipping: a real norm (a few units), not one multiplied by the 65536 loss scale.
+    assert all(0 < value < 100 for _, value in norms)
+    log = (result.run_dir() / "runner.log").read_text()
+    assert "device cpu | precision fp16 | autocast float16 | grad scaler on | 1 process(es)" in log
+    assert "precision=fp16 on a CPU runs slower than fp32" in log
+
+
+def test_fp8_emulation_trains_and_reports_the_converted_modules(cli):
+    from conftest import TINY
+
+    result = cli(*TINY, "precision=fp8", "precision.fp8_emulation=true", "trainer.max_steps=2")
+    log = (result.run_dir() / "runner.log").read_text()
+    # SeqTransformer: attention out_proj, linear1, linear2 in each of 2 layers; the 64->10 head is not divisible by 16.
+    assert "precision fp8 | autocast bfloat16 | grad scaler off | fp8 modules converted 6" in log
+    assert 0 < _final_val_loss(result) < 5
+
+
+def test_two_gloo_processes_with_accumulation_match_one_process_with_the_whole_batch(cli, tmp_path):
+    from conftest import TINY
+
+    common = (*TINY, "trainer.max_steps=2")
+    # 2 processes x 32 rows x 2 micro-batches = the same 128 rows per step as one process with batches of 128.
+    one = cli(*common, "trainer.batch_size=128", cwd=(tmp_path / "one").mkdir() or tmp_path / "one")
+    two = cli(*common, "hardware=multi_cpu", "trainer.grad_accum_steps=2", cwd=(tmp_path / "two").mkdir() or tmp_path / "two")
+    assert _final_val_loss(two) == pytest.approx(_final_val_loss(one), abs=1e-4)
