@@ -50,6 +50,24 @@ class Xla:
     def sync(self) -> None:
         self.torch_xla.sync()
 
-    def loader(self, batches, device: torch.device):
+    def loader(self, batches, device: torch.device) -> "XlaBatches":
         """Batches moved to the XLA device by background threads, overlapping transfer and compute."""
-        return self.parallel_loader.MpDeviceLoader(batches, device)
+        return XlaBatches(batches, self.parallel_loader.MpDeviceLoader(batches, device))
+
+
+class XlaBatches:
+    """torch_xla's device loader, keeping the batch source's `len` and `set_epoch` that the loop relies on."""
+
+    def __init__(self, batches, device_loader):
+        self.batches = batches
+        self.device_loader = device_loader
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.batches, "set_epoch"):
+            self.batches.set_epoch(epoch)
+
+    def __iter__(self):
+        return iter(self.device_loader)

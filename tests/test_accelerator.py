@@ -321,6 +321,7 @@ def test_tpu_path_steps_and_loads_through_torch_xla(monkeypatch):
     model, optimizer, loader = accelerator.prepare(
         candidate, torch.optim.SGD(candidate.parameters(), lr=0.1), DataLoader(make_data(64), batch_size=32)
     )
+    assert len(loader) == 2
     accelerated_loop(accelerator, model, optimizer, loader)
     assert fake.calls == ["MpDeviceLoader(cpu)", "optimizer_step", "sync", "optimizer_step", "sync"]
     assert max_difference(reference, candidate) == 0

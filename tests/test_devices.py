@@ -161,3 +161,54 @@ def test_the_cli_refuses_gpu_ids_that_conflict_with_the_environment(cli):
     result = cli(*TINY, "hardware=gpu", "gpu_ids=[1]", env={"CUDA_VISIBLE_DEVICES": "0"})
     assert result.returncode == 1
     assert "gpu_ids: [1] conflicts with CUDA_VISIBLE_DEVICES='0'" in result.stderr
+
+
+FAKE_TORCH_XLA = {
+    "__init__.py": (
+        "import os, torch\n"
+        "def _record(call):\n"
+        "    with open(os.environ['FAKE_XLA_LOG'], 'a') as log:\n"
+        "        log.write(call + '\\n')\n"
+        "def device():\n"
+        "    _record('device')\n"
+        "    return torch.device('cpu')\n"
+        "def sync():\n"
+        "    _record('sync')\n"
+    ),
+    "core/__init__.py": "",
+    "core/xla_model.py": (
+        "from torch_xla import _record\n"
+        "def optimizer_step(optimizer):\n"
+        "    _record('optimizer_step')\n"
+        "    optimizer.step()\n"
+    ),
+    "distributed/__init__.py": "",
+    "distributed/parallel_loader.py": (
+        "from torch_xla import _record\n"
+        "class MpDeviceLoader:\n"
+        "    def __init__(self, loader, device):\n"
+        "        _record('MpDeviceLoader')\n"
+        "        self.loader = loader\n"
+        "    def __iter__(self):\n"
+        "        return iter(self.loader)\n"
+    ),
+}
+
+
+def test_hardware_tpu_runs_the_whole_worker_through_torch_xla_calls(cli, tmp_path):
+    """A stand-in torch_xla package (on PYTHONPATH) records what a run calls: the real TPU path, executed on CPU."""
+    import os
+
+    for name, text in FAKE_TORCH_XLA.items():
+        path = tmp_path / "fake" / "torch_xla" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    calls = tmp_path / "calls.txt"
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path / "fake"), os.environ.get("PYTHONPATH", "")]),
+           "FAKE_XLA_LOG": str(calls)}
+    result = cli(*TINY, "hardware=tpu", "trainer.max_steps=2", env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.output
+    recorded = calls.read_text().split()
+    assert recorded.count("optimizer_step") == 2 and recorded.count("sync") == 2
+    assert recorded.count("MpDeviceLoader") == 2  # the train and validation batches
+    assert "precision fp32" in (result.run_dir() / "runner.log").read_text()
