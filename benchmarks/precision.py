@@ -4,7 +4,9 @@
     python benchmarks/precision.py --fp8 --rounds 5
 
 Both loops are measured in the same run, alternating (A B A B ...) so a busy machine slows both alike; each figure
-is the median over rounds. The plain loop is what a careful PyTorch user writes by hand (torch.autocast, and a
+is the median over rounds. On a CPU the default clock is this process's CPU time with one torch thread
+(`--clock cpu`): on a machine shared with other jobs, wall-clock figures swing several-fold between rounds, CPU time
+does not. On an idle machine the two agree; `--clock wall` measures wall-clock time. The plain loop is what a careful PyTorch user writes by hand (torch.autocast, and a
 GradScaler for fp16); the runner loop is the same step through Accelerator.accumulate / autocast / backward / step.
 """
 
@@ -23,6 +25,9 @@ from runner.precision import AUTOCAST_DTYPES, Precision
 from runner.config import PrecisionKind
 
 
+CLOCK = [time.perf_counter]
+
+
 def make_model(width: int, device: torch.device) -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 16)).to(device)
@@ -35,7 +40,7 @@ def plain_steps(precision: str, batches, width: int, device: torch.device) -> fl
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     dtype = AUTOCAST_DTYPES[PrecisionKind(precision)]
     scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
-    start = time.perf_counter()
+    start = CLOCK[0]()
     for features, labels in batches:
         with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
             loss = F.cross_entropy(model(features).float(), labels)
@@ -48,14 +53,14 @@ def plain_steps(precision: str, batches, width: int, device: torch.device) -> fl
             scaler.update()
         optimizer.zero_grad(set_to_none=True)
     _sync(device)
-    return len(batches) / (time.perf_counter() - start)
+    return len(batches) / (CLOCK[0]() - start)
 
 
 def runner_steps(precision: str, batches, width: int, device: torch.device) -> float:
     accelerator = Accelerator(device, precision)
     model = accelerator.convert_precision(make_model(width, device))
     model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
-    start = time.perf_counter()
+    start = CLOCK[0]()
     for features, labels in batches:
         with accelerator.accumulate(model):
             with accelerator.autocast():
@@ -64,7 +69,7 @@ def runner_steps(precision: str, batches, width: int, device: torch.device) -> f
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
     _sync(device)
-    return len(batches) / (time.perf_counter() - start)
+    return len(batches) / (CLOCK[0]() - start)
 
 
 def _sync(device: torch.device) -> None:
@@ -80,8 +85,14 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--fp8", action="store_true", help="also fp8 (torchao; emulated and slow without CUDA >= 8.9)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--clock", choices=["cpu", "wall"], default=None,
+                        help="cpu: process CPU time, one torch thread (default on CPU); wall: wall-clock time")
     args = parser.parse_args()
     device = torch.device(args.device)
+    clock = args.clock or ("cpu" if device.type == "cpu" else "wall")
+    if clock == "cpu":
+        torch.set_num_threads(1)
+        CLOCK[0] = time.process_time
     precisions = ["fp32", "bf16", "fp16"] + (["fp8"] if args.fp8 else [])
     generator = torch.Generator().manual_seed(0)
     batches = [(torch.randn(args.batch_size, args.width, generator=generator).to(device),
@@ -90,13 +101,16 @@ def main() -> None:
         plain_steps(precision, batches[:3], args.width, device)
         runner_steps(precision, batches[:3], args.width, device)
     results = {(loop, p): [] for loop in ("plain", "runner") for p in precisions}
-    for _ in range(args.rounds):
+    for round_index in range(args.rounds):
         for precision in precisions:
-            results["plain", precision].append(plain_steps(precision, batches, args.width, device))
-            results["runner", precision].append(runner_steps(precision, batches, args.width, device))
+            # Swap who goes first each round, so neither loop always inherits a warm (or cold) cache.
+            loops = [("plain", plain_steps), ("runner", runner_steps)][:: 1 if round_index % 2 == 0 else -1]
+            for name, loop in loops:
+                results[name, precision].append(loop(precision, batches, args.width, device))
     median = {key: statistics.median(values) for key, values in results.items()}
     print(f"device {device} ({torch.backends.cpu.get_cpu_capability() if device.type == 'cpu' else torch.cuda.get_device_name()}), "
-          f"torch {torch.__version__}, MLP width {args.width}, batch {args.batch_size}, {args.steps} steps x {args.rounds} rounds")
+          f"torch {torch.__version__}, MLP width {args.width}, batch {args.batch_size}, {args.steps} steps x {args.rounds} rounds, "
+          f"{clock} clock")
     print(f"{'precision':<10}{'plain steps/s':>15}{'vs fp32':>9}{'runner steps/s':>16}{'vs fp32':>9}{'runner/plain':>14}")
     for precision in precisions:
         plain, runner = median["plain", precision], median["runner", precision]
