@@ -26,6 +26,10 @@ check() {
 NGPU=$(python -c "import torch; print(torch.cuda.device_count())")
 LAST=$((NGPU - 1))
 CAP=$(python -c "import torch; print('%d%d' % torch.cuda.get_device_capability() if torch.cuda.is_available() else '0')")
+if [[ $NGPU -eq 0 ]]; then
+  echo "FAIL cuda (torch $(python -c 'import torch; print(torch.__version__)') sees no CUDA GPU; nothing else to check)"
+  exit 1
+fi
 echo "runner GPU checks: $NGPU GPU(s), compute capability ${CAP:0:1}.${CAP:1}, logs in $WORK"
 
 check env 0 "cuda available +: yes" -- python -m runner.env
