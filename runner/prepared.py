@@ -193,9 +193,10 @@ class DeviceBatches:
     def __len__(self) -> int:
         return len(self.batches)
 
-    def set_epoch(self, epoch: int) -> None:
+    def set_epoch(self, epoch: int, *args) -> None:
+        # *args: whatever else the batch source's set_epoch takes (e.g. where in the epoch to resume).
         if hasattr(self.batches, "set_epoch"):
-            self.batches.set_epoch(epoch)
+            self.batches.set_epoch(epoch, *args)
 
     def __iter__(self) -> Iterator[Any]:
         for batch in self.batches:
