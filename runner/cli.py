@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner.checks import check
 from runner.config import RunConfig, RunSpec, register_configs
+from runner.devices import apply_gpus, select_gpus
 from runner.errors import ConfigError, RunnerError
 from runner.launch import launch
 from runner.report import finished_result
@@ -38,7 +39,12 @@ def main(cfg: DictConfig) -> float:
                 log.info("resume=auto: %s already finished with %s=%.4f; not running it again", run_dir, done.monitor, done.value)
                 return done.value
             _resume_auto_standin(spec, run_dir)
+        hardware = spec.config.hardware
+        gpus = select_gpus(hardware.kind, spec.config.gpu_ids, hardware.num_processes)
+        apply_gpus(gpus)  # CUDA reads CUDA_VISIBLE_DEVICES once, when it initialises: before any check touches CUDA
         check(spec.config)
+        if gpus.physical:
+            log.info("%s", gpus.table(hardware.num_processes))
         (run_dir / "config.yaml").write_text(yaml.safe_dump(spec.resolved, sort_keys=False), encoding="utf-8")
         final = launch(spec)
         value = monitored_value(final, spec.config.trainer.monitor)

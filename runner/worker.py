@@ -9,9 +9,9 @@ from pathlib import Path
 from runner.accelerator import Accelerator, set_seed
 from runner.build import build_data, build_model, build_optimizer, build_scheduler, build_task
 from runner.checkpoint import Checkpointer, load_checkpoint
-from runner.config import RunConfig, RunSpec
+from runner.config import HardwareKind, RunConfig, RunSpec
 from runner.data.batches import make_batches
-from runner.devices import device_for
+from runner.devices import device_for, resolve_kind
 from runner.dist import DistInfo, destroy_process_group, init_process_group
 from runner.loop import Loop, TrainState, planned_steps
 from runner.metrics import Progress, make_logger
@@ -25,7 +25,11 @@ def run(spec: RunSpec) -> dict[str, float]:
     device = device_for(spec.config.hardware.kind, dist)
     init_process_group(dist, device.type)
     try:
-        return train(spec.config, spec.resolved, Path(spec.run_dir), Accelerator(device, spec.config.precision.kind, dist))
+        accelerator = Accelerator(
+            device, spec.config.precision.kind, dist, spec.config.trainer.grad_accum_steps,
+            tpu=resolve_kind(spec.config.hardware.kind) is HardwareKind.tpu,
+        )
+        return train(spec.config, spec.resolved, Path(spec.run_dir), accelerator)
     finally:
         destroy_process_group()
 
@@ -33,9 +37,11 @@ def run(spec: RunSpec) -> dict[str, float]:
 def train(config: RunConfig, resolved: dict, run_dir: Path, accelerator: Accelerator) -> dict[str, float]:
     trainer, is_main = config.trainer, accelerator.is_main_process
     set_seed(config.seed)
-    log.info("device %s, %s, %d process(es)", accelerator.device, accelerator.precision.describe(), accelerator.num_processes)
-
-    model = build_model(config.model)
+    # fp8 swaps Linear layers for Float8Linear: before the optimizer is built from the parameters.
+    model = accelerator.convert_precision(build_model(config.model))
+    log.info("%s", accelerator.describe())
+    if accelerator.precision.speed_warning():
+        log.warning("%s", accelerator.precision.speed_warning())
     optimizer = build_optimizer(config.optimizer, model.parameters())
     splits = build_data(config.data)
     train_batches = make_batches(splits["train"], trainer.batch_size, True, config.seed, trainer.data_in_memory_mb)
@@ -47,7 +53,7 @@ def train(config: RunConfig, resolved: dict, run_dir: Path, accelerator: Acceler
         model, optimizer, train_batches, val_batches
     )
     _, total_steps = planned_steps(trainer, len(train_batches))
-    scheduler = build_scheduler(config.scheduler, optimizer, total_steps)
+    scheduler = accelerator.prepare(build_scheduler(config.scheduler, optimizer, total_steps))
 
     logger = make_logger(run_dir, is_main, config.logging.tensorboard, config.logging.jsonl)
     loop = Loop(
