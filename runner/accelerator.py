@@ -121,7 +121,7 @@ class ScaledOptimizer:
         self.optimizer = optimizer
         self.scaler = scaler
         self._unscaled = False
-        self.step_was_skipped = False
+        self._scale_before: torch.Tensor | None = None
 
     def unscale_gradients(self) -> None:
         if not self._unscaled:
@@ -129,12 +129,19 @@ class ScaledOptimizer:
             self._unscaled = True
 
     def step(self, closure=None) -> None:
-        scale_before = self.scaler.get_scale()
+        # Keep the scale as a device tensor: get_scale() returns a float, which waits for the GPU, twice a step.
+        self._scale_before = self.scaler._get_scale_async().clone()
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        # The scaler lowers its scale exactly when it found inf/nan gradients and skipped the step.
-        self.step_was_skipped = self.scaler.get_scale() < scale_before
         self._unscaled = False
+
+    @property
+    def step_was_skipped(self) -> bool:
+        """Whether the last step() was skipped for inf/nan gradients. Reading it waits for the device."""
+        if self._scale_before is None:
+            return False
+        # The scaler lowers its scale exactly when it found inf/nan gradients and skipped the step.
+        return bool(self.scaler._get_scale_async() < self._scale_before)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
