@@ -96,3 +96,27 @@ def test_unknown_section_is_refused(capsys):
         overhead.main(["--only", "tiny,speed"])
     assert exit_info.value.code == 2
     assert "unknown section(s) speed; choose from mlp, tiny, malloc, data, startup" in capsys.readouterr().err
+
+
+def test_the_runner_arm_reads_the_device_per_log_not_per_step(tmp_path, monkeypatch):
+    """No host-device sync on the hot path: 20 steps logged every 10 read the loss twice, plus the final
+    evaluation's three sums; on a GPU each read is a sync. (torch's AdamW reads its CPU step counter itself.)"""
+    import sys
+
+    import torch
+
+    runner_dir = str(ROOT / "runner")
+    reads = []
+    for name in ("item", "tolist", "__float__", "__bool__", "__int__"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _original=original, _name=name, **kwargs):
+            caller = sys._getframe(1).f_code
+            if caller.co_filename.startswith(runner_dir):
+                reads.append((_name, caller.co_name))
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    splits = overhead.to_splits(overhead.make_data(TINY))
+    overhead.runner_fit(TINY, 20, splits, tmp_path)
+    assert reads == [("item", "log_train")] * 2 + [("item", "summarize")] * 3
