@@ -357,26 +357,30 @@ def data_path(pairs: int, rows: int = 50_000, width: int = 64, batch_size: int =
         batches.set_epoch(epoch)  # what the loop calls before each epoch
         return iter(batches)
 
-    def batches_per_s(epoch_batches, epochs: int) -> float:
-        start, count = time.perf_counter(), 0
+    def seconds(epoch_batches, epochs: int) -> float:
+        start = time.perf_counter()
         for epoch in range(epochs):
             for batch in epoch_batches(epoch):
                 assert batch["features"].shape[1] == width
-                count += 1
-        return count / (time.perf_counter() - start)
+        return time.perf_counter() - start
 
     arms = {
-        "tensors": (lambda e: runner_epochs(tensor_batches, e), plain_tensors, epochs * 4),
-        "index_select": (lambda e: runner_epochs(tensor_batches, e), plain_index_select, epochs * 4),
-        "arrow": (lambda e: runner_epochs(arrow_batches, e), plain_arrow, epochs),
+        "tensors": (lambda e: runner_epochs(tensor_batches, e), plain_tensors, epochs),
+        "index_select": (lambda e: runner_epochs(tensor_batches, e), plain_index_select, epochs),
+        "arrow": (lambda e: runner_epochs(arrow_batches, e), plain_arrow, max(1, epochs // 4)),
     }
+    batches_per_epoch = len(tensor_batches)
     result = {"rows": rows, "batch_size": batch_size}
     for name, (runner_arm, plain_arm, arm_epochs) in arms.items():
-        batches_per_s(runner_arm, 1), batches_per_s(plain_arm, 1)  # warm-up
+        seconds(runner_arm, 1), seconds(plain_arm, 1)  # warm-up
         runner_rates, plain_rates = [], []
-        for _ in range(pairs):
-            runner_rates.append(batches_per_s(runner_arm, arm_epochs))
-            plain_rates.append(batches_per_s(plain_arm, arm_epochs))
+        for _ in range(pairs):  # a pair: 4 interleaved rounds, A B B A A B B A, as for the loops
+            totals = [0.0, 0.0]
+            for index in range(4):
+                for which in ((0, 1) if index % 2 == 0 else (1, 0)):
+                    totals[which] += seconds((runner_arm, plain_arm)[which], arm_epochs)
+            runner_rates.append(4 * arm_epochs * batches_per_epoch / totals[0])
+            plain_rates.append(4 * arm_epochs * batches_per_epoch / totals[1])
         result[name] = {
             "runner_batches_per_s": spread(runner_rates),
             "plain_batches_per_s": spread(plain_rates),

@@ -41,3 +41,22 @@ def test_order_is_reproducible_per_epoch_and_changes_between_epochs():
 
     assert order(0) == order(0) and order(1) == order(1)
     assert order(0) != order(1) and sorted(order(1)) == list(range(32))
+
+
+def test_arrow_batches_match_the_rows_of_a_split_with_an_indices_mapping():
+    import datasets
+
+    from runner.data.batches import ArrowBatches
+
+    features = datasets.Features({"x": datasets.Sequence(datasets.Value("float32"), length=2),
+                                  "y": datasets.Value("int64"), "w": datasets.Value("float32")})
+    table = datasets.Dataset.from_dict(
+        {"x": [[float(i), -float(i)] for i in range(20)], "y": list(range(20)), "w": [0.5 * i for i in range(20)]},
+        features=features,
+    )
+    split = table.train_test_split(test_size=0.25, seed=0)["train"]  # rows reached through an indices mapping
+    drawn = list(ArrowBatches(split, 4, shuffle=True, seed=0))
+    for batch in drawn:
+        assert batch["x"].shape[1] == 2 and batch["y"].dtype == torch.int64 and batch["w"].dtype == torch.float32
+        assert batch["x"][:, 0].tolist() == batch["y"].float().tolist() == (2 * batch["w"]).tolist()
+    assert sorted(torch.cat([batch["y"] for batch in drawn]).tolist()) == sorted(split["y"])

@@ -94,13 +94,14 @@ class ArrowBatches(_Batches):
 def _column_to_tensor(name: str, column) -> torch.Tensor:
     import pyarrow as pa
 
-    column = column.combine_chunks()
     if pa.types.is_fixed_size_list(column.type):
         width = column.type.list_size
-        return torch.from_numpy(column.flatten().to_numpy(zero_copy_only=False).reshape(-1, width).copy())
+        flat = column.combine_chunks().flatten()
+        return torch.from_numpy(flat.to_numpy(zero_copy_only=False).reshape(-1, width).copy())
     if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
         raise DataError(_ragged_message(name))
-    return torch.from_numpy(column.to_numpy(zero_copy_only=False).copy())
+    # A take of n rows comes back in n chunks: ChunkedArray.to_numpy joins them ~30x faster than combine_chunks().
+    return torch.from_numpy(column.to_numpy().copy())
 
 
 def _ragged_message(name: str) -> str:
