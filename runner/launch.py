@@ -1,15 +1,28 @@
-"""Run the workers: in this process for one, through torch's elastic launcher (torchrun's engine) for several."""
+"""Run the workers: in this process for one, through torch's elastic launcher (torchrun's engine) for several.
+
+    one process                 -> worker.run(spec), here
+    started by torchrun / SLURM -> worker.run(spec) in every rank, no respawn (RANK etc. already set)
+    several processes/machines  -> elastic_launch(N workers per machine) -> worker.run_spawned(spec) in each
+
+The parent has already composed, checked and resolved the config; workers get it frozen, as an argument.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from pathlib import Path
 
 from runner import worker
-from runner.config import RunSpec
+from runner.config import HardwareConfig, HardwareKind, RunSpec
 from runner.devices import MULTI_PROCESS_KINDS
 from runner.errors import LaunchError
+from runner.failures import root_cause
+
+log = logging.getLogger(__name__)
+
+RANK_OUTPUT_DIR = "ranks"  # the launcher's raw stdout/stderr of every rank, under the run dir
 
 
 def started_by_external_launcher() -> bool:
@@ -19,34 +32,86 @@ def started_by_external_launcher() -> bool:
 
 def launch(spec: RunSpec) -> dict[str, float]:
     hardware = spec.config.hardware
-    if started_by_external_launcher() or hardware.kind not in MULTI_PROCESS_KINDS or hardware.num_processes == 1:
+    if started_by_external_launcher():
+        return worker.run(spec, keep_process_group=True)
+    num_processes = processes_per_machine(hardware, spec.config.gpu_ids)
+    if hardware.kind not in MULTI_PROCESS_KINDS or num_processes * hardware.num_machines == 1:
         return worker.run(spec)
-    return _elastic_launch(spec, hardware.num_processes)
+    return elastic_launch(spec, num_processes)
 
 
-def _elastic_launch(spec: RunSpec, num_processes: int) -> dict[str, float]:
+def processes_per_machine(hardware: HardwareConfig, gpu_ids) -> int:
+    """hardware.num_processes, or its default: one per GPU in gpu_ids on multi_gpu, 2 on multi_cpu, else 1."""
+    if hardware.num_processes is not None:
+        return hardware.num_processes
+    if hardware.kind is HardwareKind.multi_gpu:
+        return count_gpu_ids(gpu_ids)
+    return 2 if hardware.kind is HardwareKind.multi_cpu else 1
+
+
+def count_gpu_ids(gpu_ids) -> int:
+    """How many GPUs `gpu_ids` names: a list, a "0,2" string, a single id, or all/None (every visible GPU)."""
+    if gpu_ids is None or gpu_ids == "all":
+        import torch
+
+        return max(1, torch.cuda.device_count())
+    if isinstance(gpu_ids, (list, tuple)):
+        return len(gpu_ids)
+    if isinstance(gpu_ids, str):
+        return len([part for part in gpu_ids.split(",") if part.strip()])
+    return 1
+
+
+def launch_config(spec: RunSpec, num_processes: int):
+    """The elastic launcher's settings for this run: one machine on a free local port, or `num_machines` meeting
+    at machine 0's static rendezvous (machine m holds global ranks m*N .. m*N+N-1, like torchrun --node-rank)."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import LaunchConfig
 
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
+    hardware = spec.config.hardware
+    if hardware.num_machines == 1:
+        # Port 0: the rendezvous picks a free port, so two runs at once never collide.
+        rendezvous = dict(rdzv_backend="c10d", rdzv_endpoint="localhost:0", run_id=f"runner-{uuid.uuid4().hex[:8]}",
+                          rdzv_configs={"timeout": hardware.timeout_s})
+    else:
+        rendezvous = dict(rdzv_backend="static", rdzv_endpoint=f"{hardware.main_process_ip}:{hardware.main_process_port}",
+                          run_id="runner", rdzv_configs={"rank": hardware.machine_rank, "timeout": hardware.timeout_s})
+    return LaunchConfig(
+        min_nodes=hardware.num_machines,
+        max_nodes=hardware.num_machines,
         nproc_per_node=num_processes,
-        run_id=f"runner-{uuid.uuid4().hex[:8]}",
-        rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0",  # port 0: a free port, so two runs at once never collide
         max_restarts=0,
-        start_method="spawn",
-        logs_specs=DefaultLogsSpecs(log_dir=str(Path(spec.run_dir) / "ranks"), redirects=Std.ALL, tee=Std.ALL),
+        start_method=hardware.start_method.value,
+        shutdown_timeout=hardware.shutdown_timeout_s,
+        logs_specs=DefaultLogsSpecs(log_dir=str(Path(spec.run_dir) / RANK_OUTPUT_DIR), redirects=Std.ALL, tee=Std.ALL),
         log_line_prefix_template="[rank${rank}]:",
+        **rendezvous,
+    )
+
+
+def elastic_launch(spec: RunSpec, num_processes: int) -> dict[str, float]:
+    """Start this machine's workers and wait for them; the final metrics of its lowest rank (rank 0 on machine 0;
+    every rank holds the same, gathered across all processes)."""
+    import multiprocessing
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch as torch_elastic_launch
+
+    hardware = spec.config.hardware
+    # Inside a joblib (loky) worker the default context is "loky", which torch cannot start processes from.
+    if multiprocessing.get_start_method(allow_none=True) == "loky":
+        multiprocessing.set_start_method("spawn", force=True)
+    worker.prepare_data(spec.config)  # generate and cache once, here, before the ranks read it
+    log.info(
+        "launching %d worker process(es) on machine %d of %d (%s start) from pid %d; their logs: %s",
+        num_processes, hardware.machine_rank, hardware.num_machines, hardware.start_method.value, os.getpid(),
+        Path(spec.run_dir) / "runner_rank<N>.log",
     )
     try:
-        results = elastic_launch(config, worker.run_spawned)(spec)
+        results = torch_elastic_launch(launch_config(spec, num_processes), worker.run_spawned)(spec)
     except ChildFailedError as err:
-        rank, failure = err.get_first_failure()
-        raise LaunchError(
-            f"rank {rank} failed (exit code {failure.exitcode}): {failure.message or 'see its log'}; "
-            f"its full output is under {Path(spec.run_dir) / 'ranks'}"
-        ) from None
-    return results[0]
+        rank, message = root_cause(err.failures)
+        raise LaunchError(f"{message}\n  its full log: {Path(spec.run_dir) / f'runner_rank{rank}.log'}") from None
+    except Exception as err:  # the rendezvous itself failed (a machine never came, a port was taken)
+        raise LaunchError(f"the workers could not start: {type(err).__name__}: {err}") from None
+    return results[min(results)]
