@@ -47,6 +47,7 @@ def worker_failure(rank: int, err: BaseException) -> RuntimeError:
     if isinstance(err, RunnerError):
         return RankFailed(headline)  # a user error: its message says it all
     lines = "".join(traceback.format_exception(type(err), err, err.__traceback__)).rstrip().splitlines()
+    lines = [line for line in lines if line.strip(" ^~")]  # drop the caret lines that underline expressions
     tail = "\n".join("    " + line for line in lines[-TRACEBACK_TAIL_LINES:])
     return RankFailed(f"{headline}\n  end of its traceback:\n{tail}")
 
