@@ -43,9 +43,9 @@ def worker_failure(rank: int, err: BaseException) -> RuntimeError:
     when = "before the first optimizer step" if step is None else f"after {step} optimizer step(s)"
     if _is_peer_lost(err):
         return PeerLost(f"rank {rank} stopped {when}: it lost a peer ({type(err).__name__}: {_first_line(err)})")
+    if isinstance(err, RunnerError):  # a user error: its whole message says it all
+        return RankFailed(f"rank {rank} failed {when}: {type(err).__name__}: {str(err).strip()}")
     headline = f"rank {rank} failed {when}: {type(err).__name__}: {_first_line(err)}"
-    if isinstance(err, RunnerError):
-        return RankFailed(headline)  # a user error: its message says it all
     lines = "".join(traceback.format_exception(type(err), err, err.__traceback__)).rstrip().splitlines()
     lines = [line for line in lines if line.strip(" ^~")]  # drop the caret lines that underline expressions
     tail = "\n".join("    " + line for line in lines[-TRACEBACK_TAIL_LINES:])
