@@ -89,18 +89,24 @@ def launch_config(spec: RunSpec, num_processes: int):
     )
 
 
+def leave_loky_start_method() -> None:
+    """Inside a joblib launcher's (loky) worker the default start method is "loky", from which torch cannot start
+    processes (`cannot find context for 'loky'`, pytorch #44687): fall back to spawn there."""
+    import multiprocessing
+
+    if multiprocessing.get_start_method(allow_none=True) == "loky":
+        multiprocessing.set_start_method("spawn", force=True)
+
+
 def elastic_launch(spec: RunSpec, num_processes: int) -> dict[str, float]:
     """Start this machine's workers and wait for them; the final metrics of its lowest rank (rank 0 on machine 0;
     every rank holds the same, gathered across all processes)."""
-    import multiprocessing
-
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch as torch_elastic_launch
 
     hardware = spec.config.hardware
-    # Inside a joblib (loky) worker the default context is "loky", which torch cannot start processes from.
-    if multiprocessing.get_start_method(allow_none=True) == "loky":
-        multiprocessing.set_start_method("spawn", force=True)
+    leave_loky_start_method()
     worker.prepare_data(spec.config)  # generate and cache once, here, before the ranks read it
     log.info(
         "launching %d worker process(es) on machine %d of %d (%s start) from pid %d; their logs: %s",
@@ -112,6 +118,8 @@ def elastic_launch(spec: RunSpec, num_processes: int) -> dict[str, float]:
     except ChildFailedError as err:
         rank, message = root_cause(err.failures)
         raise LaunchError(f"{message}\n  its full log: {Path(spec.run_dir) / f'runner_rank{rank}.log'}") from None
+    except SignalException as err:  # Ctrl-C or a scheduler's SIGTERM: the launcher has stopped the workers
+        raise LaunchError(f"stopped by {err.sigval.name}; the workers were stopped too") from None
     except Exception as err:  # the rendezvous itself failed (a machine never came, a port was taken)
         raise LaunchError(f"the workers could not start: {type(err).__name__}: {err}") from None
     return results[min(results)]

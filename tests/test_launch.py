@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import signal
 from types import SimpleNamespace
 
@@ -12,7 +13,7 @@ from runner.checks import launch_problems
 from runner.config import HardwareConfig, HardwareKind, RunConfig, RunSpec, StartMethod
 from runner.errors import DataError
 from runner.failures import PeerLost, RankFailed, mark_step, root_cause, worker_failure
-from runner.launch import launch_config, processes_per_machine, started_by_external_launcher
+from runner.launch import launch_config, leave_loky_start_method, processes_per_machine, started_by_external_launcher
 
 
 def _hardware(**fields) -> HardwareConfig:
@@ -128,3 +129,14 @@ def test_root_cause_prefers_the_rank_that_raised_over_ranks_that_lost_it():
 def test_root_cause_names_a_rank_killed_by_a_signal():
     failures = {0: _failure(-signal.SIGTERM, timestamp=5), 1: _failure(-signal.SIGKILL, timestamp=6)}
     assert root_cause(failures) == (1, "rank 1 was killed by signal SIGKILL (exit code -9)")
+
+
+def test_a_joblib_loky_worker_falls_back_to_spawn(monkeypatch):
+    calls = []
+    monkeypatch.setattr(multiprocessing, "get_start_method", lambda allow_none=False: "loky")
+    monkeypatch.setattr(multiprocessing, "set_start_method", lambda method, force=False: calls.append((method, force)))
+    leave_loky_start_method()
+    assert calls == [("spawn", True)]
+    monkeypatch.setattr(multiprocessing, "get_start_method", lambda allow_none=False: "fork")
+    leave_loky_start_method()
+    assert calls == [("spawn", True)]  # any other start method is left alone

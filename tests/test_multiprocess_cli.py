@@ -116,6 +116,20 @@ def _wait_for_worker_pids(cwd: Path, deadline: float) -> list[int]:
     raise AssertionError("the workers never started")
 
 
+def test_two_runs_at_once_do_not_collide(tmp_path):
+    command = [sys.executable, "-m", "runner", *FORK, *SMALL, "data.num_train=256", "trainer.batch_size=32",
+               "trainer.max_steps=2"]
+    runs = []
+    for index in (0, 1):
+        (tmp_path / f"run{index}").mkdir()
+        runs.append(subprocess.Popen(command, cwd=tmp_path / f"run{index}", stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True))
+    outputs = [(run.wait(timeout=600), run.stdout.read()) for run in runs]
+    for code, output in outputs:
+        assert code == 0, output  # each group picked its own free rendezvous port
+        assert "final val/loss=" in output
+
+
 def test_a_sweep_runs_each_job_as_its_own_process_group(cli):
     result = cli("-m", *FORK, *SMALL, "data.num_train=256", "trainer.batch_size=32", "trainer.max_steps=2",
                  "optimizer.lr=0.1,0.01")
