@@ -156,10 +156,19 @@ class RunConfig:
 
 def register_configs() -> None:
     """Register the schema so `conf/config.yaml` can list `runner_schema` first in its defaults, and the
-    `${runner.rank_suffix:}` resolver that gives each torchrun rank its own Hydra log file."""
+    resolvers that give all torchrun ranks one run dir and each its own Hydra log file."""
     ConfigStore.instance().store(name="runner_schema", node=RunConfig)
     if not OmegaConf.has_resolver("runner.rank_suffix"):
         OmegaConf.register_new_resolver("runner.rank_suffix", _rank_suffix)
+    if not OmegaConf.has_resolver("runner.launcher_run_id"):
+        OmegaConf.register_new_resolver("runner.launcher_run_id", _launcher_run_id)
+
+
+def _launcher_run_id(default: str) -> str:
+    """The id every rank of one torchrun launch shares (so they agree on one run dir), else `default`."""
+    from runner.dist import external_run_id
+
+    return external_run_id() or default
 
 
 def _rank_suffix() -> str:

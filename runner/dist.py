@@ -7,6 +7,8 @@ import difflib
 import hashlib
 import json
 import os
+import socket
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -55,6 +57,20 @@ class DistInfo:
 def external_rank() -> int | None:
     """The RANK a launcher outside this program (torchrun, SLURM via torchrun) gave this process, if any."""
     return int(os.environ["RANK"]) if "RANK" in os.environ else None
+
+
+def external_run_id() -> str | None:
+    """An id shared by every rank of one torchrun launch on this machine, or None outside torchrun.
+
+    torchrun's TORCHELASTIC_RUN_ID is a fresh uuid with --standalone or a single-node default rendezvous, but the
+    literal "none" when --rdzv-id is not given otherwise (e.g. --master-port, several nodes): then the ranks'
+    common parent, torchrun's agent, tells launches apart."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run_id is None:
+        return None
+    if run_id != "none":
+        return run_id
+    return f"torchrun-{time.strftime('%Y%m%d')}-{socket.gethostname()}-{os.getppid()}"
 
 
 def init_process_group(info: DistInfo, device_type: str, timeout_s: float = 1800) -> None:

@@ -103,3 +103,22 @@ def test_evaluation_shards_are_exact_and_unpadded():
     shards = _shards(_ids(63, 8, False), 2)
     assert [len(shard) for shard in shards] == [32, 31]
     assert sorted(shards[0] + shards[1]) == list(range(63))  # no padded duplicates to miscount
+
+
+def test_torchrun_ranks_agree_on_a_run_id_and_get_their_own_log_name(monkeypatch):
+    from omegaconf import OmegaConf
+
+    from runner.config import register_configs
+    from runner.dist import external_run_id
+
+    register_configs()
+    names = OmegaConf.create({"dir": "${runner.launcher_run_id:fallback}", "log": "runner${runner.rank_suffix:}"})
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    assert (external_run_id(), names.dir, names.log) == (None, "fallback", "runner")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "5551807e")
+    monkeypatch.setenv("RANK", "1")
+    assert (names.dir, names.log) == ("5551807e", "runner_rank1")
+    # torchrun leaves the literal "none" without --rdzv-id on a static rendezvous: the agent (our parent) decides.
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    assert names.dir.startswith("torchrun-") and names.dir.endswith(f"-{os.getppid()}")
