@@ -73,6 +73,7 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(args.steps, warmup_steps=100))
 
+    (args.out / f"pid_{rank}").write_text(str(os.getpid()))  # the benchmark reads this worker's CPU time
     order = torch.randperm(args.rows, generator=torch.Generator().manual_seed(0))[rank::world]
     windows, running, start = [], torch.zeros(()), time.perf_counter()
     for step in range(1, args.steps + 1):
@@ -90,6 +91,9 @@ def main() -> None:
                 dist.all_reduce(running)
             running.item()
             windows.append(args.log_every / (time.perf_counter() - start))
+            if rank == 0:
+                with open(args.out / "progress", "a") as progress:
+                    progress.write(f"{step}\n")
             running.zero_()
             start = time.perf_counter()
     if rank == 0:

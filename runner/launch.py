@@ -12,11 +12,14 @@ from __future__ import annotations
 import logging
 import os
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from runner import worker
 from runner.config import HardwareConfig, HardwareKind, RunSpec
 from runner.devices import MULTI_PROCESS_KINDS
+from runner.dist import DistInfo, threads_per_process
 from runner.errors import LaunchError
 from runner.failures import root_cause
 
@@ -89,6 +92,21 @@ def launch_config(spec: RunSpec, num_processes: int):
     )
 
 
+@contextmanager
+def omp_threads_for_workers(threads: int) -> Iterator[None]:
+    """OMP_NUM_THREADS for the workers started inside this block, unless the user set it (torchrun does the same).
+    OpenMP reads it once, when torch loads, so a spawned worker needs it in its environment from the start; each
+    worker also calls torch.set_num_threads. A forked worker inherits this process's OpenMP state instead."""
+    if "OMP_NUM_THREADS" in os.environ:
+        yield
+        return
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    try:
+        yield
+    finally:
+        del os.environ["OMP_NUM_THREADS"]
+
+
 def leave_loky_start_method() -> None:
     """Inside a joblib launcher's (loky) worker the default start method is "loky", from which torch cannot start
     processes (`cannot find context for 'loky'`, pytorch #44687): fall back to spawn there."""
@@ -114,7 +132,9 @@ def elastic_launch(spec: RunSpec, num_processes: int) -> dict[str, float]:
         Path(spec.run_dir) / "runner_rank<N>.log",
     )
     try:
-        results = torch_elastic_launch(launch_config(spec, num_processes), worker.run_spawned)(spec)
+        with omp_threads_for_workers(threads_per_process(DistInfo(local_world_size=num_processes),
+                                                         hardware.threads_per_process)):
+            results = torch_elastic_launch(launch_config(spec, num_processes), worker.run_spawned)(spec)
     except ChildFailedError as err:
         rank, message = root_cause(err.failures)
         raise LaunchError(f"{message}\n  its full log: {Path(spec.run_dir) / f'runner_rank{rank}.log'}") from None
