@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
 from types import SimpleNamespace
 
@@ -13,7 +14,13 @@ from runner.checks import launch_problems
 from runner.config import HardwareConfig, HardwareKind, RunConfig, RunSpec, StartMethod
 from runner.errors import DataError
 from runner.failures import PeerLost, RankFailed, mark_step, root_cause, worker_failure
-from runner.launch import launch_config, leave_loky_start_method, processes_per_machine, started_by_external_launcher
+from runner.launch import (
+    launch_config,
+    leave_loky_start_method,
+    omp_threads_for_workers,
+    processes_per_machine,
+    started_by_external_launcher,
+)
 
 
 def _hardware(**fields) -> HardwareConfig:
@@ -140,3 +147,13 @@ def test_a_joblib_loky_worker_falls_back_to_spawn(monkeypatch):
     monkeypatch.setattr(multiprocessing, "get_start_method", lambda allow_none=False: "fork")
     leave_loky_start_method()
     assert calls == [("spawn", True)]  # any other start method is left alone
+
+
+def test_workers_get_omp_threads_unless_the_user_set_them(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    with omp_threads_for_workers(3):
+        assert os.environ["OMP_NUM_THREADS"] == "3"  # inherited by the workers started in here
+    assert "OMP_NUM_THREADS" not in os.environ  # and gone again for whatever this process starts next
+    monkeypatch.setenv("OMP_NUM_THREADS", "8")
+    with omp_threads_for_workers(3):
+        assert os.environ["OMP_NUM_THREADS"] == "8"
