@@ -144,17 +144,25 @@ def config_mismatch(resolved: dict) -> str | None:
         lineterm="",
         n=0,
     )
+    diff = [line for line in diff if not line.startswith("@@")]
     differing = [rank for rank, digest in enumerate(digests) if digest != digests[0]]
     return f"ranks {differing} resolved a different config than rank 0:\n" + "\n".join(diff)
 
 
 def _canonical(resolved: dict) -> str:
-    """The config as sorted, indented JSON (one key per line, so a diff names the key), minus per-machine keys."""
-    config = json.loads(json.dumps(resolved, default=str))
-    for section, key in MACHINE_LOCAL_KEYS:
-        if isinstance(config.get(section), dict):
-            config[section].pop(key, None)
-    return json.dumps(config, sort_keys=True, indent=1)
+    """The config as sorted `dotted.key = value` lines (so a diff names the full key), minus per-machine keys."""
+    skipped = {".".join(path) for path in MACHINE_LOCAL_KEYS}
+    lines = [f"{key} = {value}" for key, value in _flatten(json.loads(json.dumps(resolved, default=str)))
+             if key not in skipped]
+    return "\n".join(sorted(lines))
+
+
+def _flatten(node: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
+    if isinstance(node, dict) and node:
+        for key, value in node.items():
+            yield from _flatten(value, f"{prefix}{key}.")
+    else:
+        yield prefix.rstrip("."), json.dumps(node)
 
 
 def threads_per_process(info: DistInfo, requested: int | None) -> int:

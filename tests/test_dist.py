@@ -59,8 +59,8 @@ def test_ranks_with_different_configs_get_a_diff_naming_the_key():
     results = _launch_two(dist_helpers.config_mismatch_between_ranks)
     for rank in (0, 1):  # every rank sees the same verdict, so all of them stop
         assert "ranks [1] resolved a different config than rank 0" in results[rank]
-        assert '-  "lr": 0.1' in results[rank] and '+  "lr": 0.2' in results[rank]
-        assert "seed" not in results[rank]  # only differing lines
+        assert "\n-optimizer.lr = 0.1\n+optimizer.lr = 0.2" in results[rank]  # the full key, both values
+        assert "seed" not in results[rank] and "machine_rank" not in results[rank]  # only what must agree
 
 
 def test_local_main_first_runs_rank_0_before_the_others(tmp_path):
