@@ -15,8 +15,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner.checks import check
 from runner.config import RunConfig, RunSpec, register_configs
+from runner.devices import apply_gpus, select_gpus
 from runner.errors import ConfigError, RunnerError
-from runner.launch import launch
+from runner.launch import launch, resolve_num_processes
+from runner.report import finished_result
 
 log = logging.getLogger("runner")
 
@@ -31,7 +33,19 @@ def main(cfg: DictConfig) -> float:
     run_dir = Path(HydraConfig.get().runtime.output_dir).resolve()
     try:
         spec = freeze(cfg, run_dir)
+        resolve_num_processes(spec)  # null: one per selected GPU on multi_gpu; the checks below need the count
+        if spec.config.resume == "auto":
+            done = finished_result(run_dir, list(HydraConfig.get().overrides.task))
+            if done is not None:
+                log.info("resume=auto: %s already finished with %s=%.4f; not running it again", run_dir, done.monitor, done.value)
+                return done.value
+            _resume_auto_standin(spec, run_dir)
+        hardware = spec.config.hardware
+        gpus = select_gpus(hardware.kind, spec.config.gpu_ids, hardware.num_processes)
+        apply_gpus(gpus)  # CUDA reads CUDA_VISIBLE_DEVICES once, when it initialises: before any check touches CUDA
         check(spec.config)
+        if gpus.physical:
+            log.info("%s", gpus.table(hardware.num_processes))
         (run_dir / "config.yaml").write_text(yaml.safe_dump(spec.resolved, sort_keys=False), encoding="utf-8")
         final = launch(spec)
         value = monitored_value(final, spec.config.trainer.monitor)
@@ -55,14 +69,23 @@ def monitored_value(final: dict[str, float], monitor: str) -> float:
     return final[monitor]
 
 
+def _resume_auto_standin(spec: RunSpec, run_dir: Path) -> None:
+    """Stand-in until checkpoint resume (issue 5) lands. `auto`: the latest checkpoint of a job that was killed
+    (it left no result.json); a fresh start for a new job, a failed one, or one whose overrides changed."""
+    latest = run_dir / "checkpoints" / "latest"
+    interrupted = latest.is_file() and not (run_dir / "result.json").exists()
+    spec.config.resume = str(latest.parent / latest.read_text().strip()) if interrupted else None
+
+
 def _fail(err: RunnerError, run_dir: Path) -> float:
     """Say what went wrong in one paragraph; drop a run dir that holds nothing but Hydra's bookkeeping."""
     started = any((run_dir / name).exists() for name in ("metrics.jsonl", "checkpoints", "tensorboard"))
-    if not started:
+    multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    if not started and not multirun:  # a sweep keeps the job dir: its result.json records this error
         shutil.rmtree(run_dir, ignore_errors=True)
     print(f"runner: error: {err}", file=sys.stderr)
     if started:
         print(f"runner: the run dir {run_dir} keeps what the run wrote before it stopped", file=sys.stderr)
-    if HydraConfig.get().mode == RunMode.MULTIRUN:
+    if multirun:
         raise err  # the sweeper records this job as failed and runs the others
     raise SystemExit(1)

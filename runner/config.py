@@ -156,12 +156,20 @@ class RunConfig:
 
 def register_configs() -> None:
     """Register the schema so `conf/config.yaml` can list `runner_schema` first in its defaults, and the
-    resolvers that give all torchrun ranks one run dir and each its own Hydra log file."""
+    resolvers: `runner_direction` (the search configs optimize in the direction of `trainer.monitor_mode`) and the
+    two that give all torchrun ranks one run dir and each its own Hydra log file."""
     ConfigStore.instance().store(name="runner_schema", node=RunConfig)
+    if not OmegaConf.has_resolver("runner_direction"):
+        OmegaConf.register_new_resolver("runner_direction", optuna_direction)
     if not OmegaConf.has_resolver("runner.rank_suffix"):
         OmegaConf.register_new_resolver("runner.rank_suffix", _rank_suffix)
     if not OmegaConf.has_resolver("runner.launcher_run_id"):
         OmegaConf.register_new_resolver("runner.launcher_run_id", _launcher_run_id)
+
+
+def optuna_direction(mode: MonitorMode | str) -> str:
+    """`${runner_direction:${trainer.monitor_mode}}` -> maximize / minimize, as Optuna's sweeper spells them."""
+    return "maximize" if MonitorMode(mode) == MonitorMode.max else "minimize"
 
 
 def _launcher_run_id(default: str) -> str:

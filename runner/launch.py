@@ -18,8 +18,8 @@ from typing import Iterator
 
 from runner import worker
 from runner.config import HardwareConfig, HardwareKind, RunSpec
-from runner.devices import MULTI_PROCESS_KINDS
-from runner.dist import DistInfo, threads_per_process
+from runner.devices import MULTI_PROCESS_KINDS, parse_gpu_ids, physical_gpu_count
+from runner.dist import DistInfo, cuda_visible_devices, threads_per_process
 from runner.errors import LaunchError
 from runner.failures import root_cause
 
@@ -43,6 +43,14 @@ def launch(spec: RunSpec) -> dict[str, float]:
     return elastic_launch(spec, num_processes)
 
 
+def resolve_num_processes(spec: RunSpec) -> None:
+    """Fill in a null hardware.num_processes (typed config and resolved dict alike), in the parent, before the GPU
+    checks and config.yaml use it."""
+    count = processes_per_machine(spec.config.hardware, spec.config.gpu_ids)
+    spec.config.hardware.num_processes = count
+    spec.resolved.setdefault("hardware", {})["num_processes"] = count
+
+
 def processes_per_machine(hardware: HardwareConfig, gpu_ids) -> int:
     """hardware.num_processes, or its default: one per GPU in gpu_ids on multi_gpu, 2 on multi_cpu, else 1."""
     if hardware.num_processes is not None:
@@ -53,16 +61,19 @@ def processes_per_machine(hardware: HardwareConfig, gpu_ids) -> int:
 
 
 def count_gpu_ids(gpu_ids) -> int:
-    """How many GPUs `gpu_ids` names: a list, a "0,2" string, a single id, or all/None (every visible GPU)."""
-    if gpu_ids is None or gpu_ids == "all":
-        import torch
-
-        return max(1, torch.cuda.device_count())
-    if isinstance(gpu_ids, (list, tuple)):
-        return len(gpu_ids)
-    if isinstance(gpu_ids, str):
-        return len([part for part in gpu_ids.split(",") if part.strip()])
-    return 1
+    """How many GPUs `gpu_ids` selects: the listed ones, or every visible GPU for all/null (those in an inherited
+    CUDA_VISIBLE_DEVICES, else those on the machine). 1 for a selection that does not parse: the GPU checks
+    report it."""
+    try:
+        ids = parse_gpu_ids(gpu_ids)
+    except ValueError:
+        return 1
+    if ids is not None:
+        return len(ids)
+    inherited = cuda_visible_devices()
+    if inherited is not None:
+        return max(1, len([token for token in inherited.split(",") if token.strip()]))
+    return max(1, physical_gpu_count() or 0)
 
 
 def launch_config(spec: RunSpec, num_processes: int):

@@ -88,10 +88,10 @@ class Loop:
         for index, batch in enumerate(self.train_batches):
             if index >= self.steps_per_epoch * accumulate:
                 break  # the tail that cannot fill a whole accumulation cycle
-            loss = self.micro_step(batch, accumulate)
+            loss = self.micro_step(batch)
             running_loss += loss.detach()
             micro_batches += 1
-            if micro_batches % accumulate:
+            if not self.accelerator.sync_gradients:
                 continue
             grad_norm = self.optimizer_step()
             self.state.step += 1
@@ -103,13 +103,18 @@ class Loop:
             if settings.eval_every_steps and self.state.step % settings.eval_every_steps == 0:
                 self.evaluate_and_log()
             if self.state.step >= self.total_steps:
-                return
+                if index + 1 < self.steps_per_epoch * accumulate:
+                    return  # stopped inside the epoch: it does not count as done
+                break
         self.state.epoch += 1
 
-    def micro_step(self, batch, accumulate: int) -> torch.Tensor:
-        with self.accelerator.autocast():
-            loss = self.task.training_loss(self.model, batch)
-        self.accelerator.backward(loss / accumulate if accumulate > 1 else loss)
+    def micro_step(self, batch) -> torch.Tensor:
+        # accumulate() skips DDP's gradient all-reduce on all but the last micro-batch of a cycle;
+        # backward() divides the loss over the cycle (and scales it under fp16).
+        with self.accelerator.accumulate(self.model):
+            with self.accelerator.autocast():
+                loss = self.task.training_loss(self.model, batch)
+            self.accelerator.backward(loss)
         return loss
 
     def optimizer_step(self) -> torch.Tensor | None:

@@ -10,9 +10,9 @@ from pathlib import Path
 from runner.accelerator import Accelerator, set_seed
 from runner.build import build_data, build_model, build_optimizer, build_scheduler, build_task
 from runner.checkpoint import Checkpointer, load_checkpoint
-from runner.config import RunConfig, RunSpec
+from runner.config import HardwareKind, RunConfig, RunSpec
 from runner.data.batches import make_batches
-from runner.devices import device_for
+from runner.devices import device_for, resolve_kind
 from runner.dist import (
     DistInfo,
     config_mismatch,
@@ -49,7 +49,11 @@ def run(spec: RunSpec, keep_process_group: bool = False) -> dict[str, float]:
         mismatch = config_mismatch(spec.resolved) if dist.is_distributed else None
         if mismatch:
             raise LaunchError(f"{mismatch}\n  every machine must run the same command (only machine_rank may differ)")
-        return train(spec.config, spec.resolved, Path(spec.run_dir), Accelerator(device, spec.config.precision.kind, dist))
+        accelerator = Accelerator(
+            device, spec.config.precision.kind, dist, spec.config.trainer.grad_accum_steps,
+            tpu=resolve_kind(spec.config.hardware.kind) is HardwareKind.tpu,
+        )
+        return train(spec.config, spec.resolved, Path(spec.run_dir), accelerator)
     finally:
         if not keep_process_group:
             destroy_process_group()
@@ -58,14 +62,16 @@ def run(spec: RunSpec, keep_process_group: bool = False) -> dict[str, float]:
 def train(config: RunConfig, resolved: dict, run_dir: Path, accelerator: Accelerator) -> dict[str, float]:
     trainer, is_main = config.trainer, accelerator.is_main_process
     set_seed(config.seed)
-    log.info("device %s, %s, %d process(es)", accelerator.device, accelerator.precision.describe(), accelerator.num_processes)
+    # fp8 swaps Linear layers for Float8Linear: before the optimizer is built from the parameters.
+    model = accelerator.convert_precision(build_model(config.model))
+    log.info("%s", accelerator.describe())
+    if accelerator.precision.speed_warning():
+        log.warning("%s", accelerator.precision.speed_warning())
     log.info(
         "batch size: %d per device x %d process(es) x %d accumulation step(s) = %d global per optimizer step",
         trainer.batch_size, accelerator.num_processes, trainer.grad_accum_steps,
         trainer.batch_size * accelerator.num_processes * trainer.grad_accum_steps,
     )
-
-    model = build_model(config.model)
     optimizer = build_optimizer(config.optimizer, model.parameters())
     with local_main_first(accelerator.dist):
         splits = build_data(config.data)
@@ -78,7 +84,7 @@ def train(config: RunConfig, resolved: dict, run_dir: Path, accelerator: Acceler
         model, optimizer, train_batches, val_batches
     )
     _, total_steps = planned_steps(trainer, len(train_batches))
-    scheduler = build_scheduler(config.scheduler, optimizer, total_steps)
+    scheduler = accelerator.prepare(build_scheduler(config.scheduler, optimizer, total_steps))
 
     logger = make_logger(run_dir, is_main, config.logging.tensorboard, config.logging.jsonl)
     loop = Loop(

@@ -8,12 +8,11 @@ import signal
 from types import SimpleNamespace
 
 import pytest
-import torch
-
 from runner.checks import launch_problems
 from runner.config import HardwareConfig, HardwareKind, RunConfig, RunSpec, StartMethod
 from runner.errors import DataError
 from runner.failures import PeerLost, RankFailed, mark_step, root_cause, worker_failure
+from runner import launch
 from runner.launch import (
     launch_config,
     leave_loky_start_method,
@@ -35,9 +34,12 @@ def test_num_processes_defaults_to_one_per_gpu_id(monkeypatch):
     gpu = HardwareKind.multi_gpu
     assert processes_per_machine(_hardware(kind=gpu), [0, 2]) == 2
     assert processes_per_machine(_hardware(kind=gpu), "0,1,3") == 3
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
-    assert processes_per_machine(_hardware(kind=gpu), None) == 4  # every visible GPU
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(launch, "physical_gpu_count", lambda: 4)
+    assert processes_per_machine(_hardware(kind=gpu), None) == 4  # every GPU on the machine
     assert processes_per_machine(_hardware(kind=gpu), "all") == 4
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3")  # set by a scheduler: only those are visible
+    assert processes_per_machine(_hardware(kind=gpu), None) == 2
     assert processes_per_machine(_hardware(kind=gpu, num_processes=1), [0, 1]) == 1  # an explicit value wins
     assert processes_per_machine(_hardware(), None) == 2
     assert processes_per_machine(_hardware(kind=HardwareKind.cpu), None) == 1

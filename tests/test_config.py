@@ -1,0 +1,105 @@
+"""Composition: the schema, the defaults list, recipes and overrides, and the frozen user-facing surface."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from runner.cli import CONFIG_DIR, freeze
+from runner.config import HardwareKind, PrecisionKind, RunConfig, register_configs
+
+register_configs()
+
+
+def _compose(*overrides: str):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def test_default_composes_to_the_reverse_recipe():
+    config = freeze(_compose(), Path("/tmp/run")).config
+    assert isinstance(config, RunConfig)
+    assert config.hardware.kind is HardwareKind.cpu and config.precision.kind is PrecisionKind.fp32
+    assert config.model["_target_"] == "runner.models.SeqTransformer"
+    assert config.model["max_len"] == config.data["seq_len"] == 12  # interpolation resolved at freeze time
+    assert config.optimizer == {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 3e-3, "weight_decay": 0.01}
+    assert config.scheduler["_target_"] == "runner.schedules.warmup_cosine"
+
+
+def test_precedence_schema_then_group_then_recipe_then_command_line():
+    config = freeze(_compose("recipe=digits_mlp", "optimizer=sgd", "optimizer.lr=0.05", "seed=7"), Path("/r")).config
+    assert config.optimizer["_target_"] == "torch.optim.SGD"  # the command line picks the group
+    assert config.optimizer["lr"] == 0.05  # and its values win over the recipe's lr
+    assert config.optimizer["momentum"] == 0.9  # the group's value
+    assert config.model["hidden"] == [128, 64]  # the recipe's value over the group's [128]
+    assert config.scheduler is None and config.seed == 7
+    assert config.trainer.grad_accum_steps == 1  # untouched: the schema default
+
+
+def test_frozen_spec_holds_plain_containers_only():
+    spec = freeze(_compose("recipe=digits_mlp"), Path("/tmp/run"))
+    assert spec.resolved["precision"]["kind"] == "fp32"  # enums as strings: safe to dump and to log
+    assert type(spec.config.model) is dict and type(spec.config.model["hidden"]) is list
+    assert spec.run_dir == "/tmp/run"
+
+
+def test_hydra_run_dir_is_unique_per_start_and_under_outputs():
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        hydra_cfg = compose("config", return_hydra_config=True).hydra
+    assert hydra_cfg.run.dir.startswith("outputs/") and hydra_cfg.sweep.dir.startswith("outputs/multirun/")
+    assert hydra_cfg.job.name == "runner" and hydra_cfg.job.chdir is False
+
+
+# The user-facing surface, frozen on purpose: a new knob or option must change this test in a reviewed diff.
+EXPECTED_GROUPS = {
+    "hardware": ["auto", "cpu", "gpu", "multi_cpu", "multi_gpu", "tpu"],
+    "precision": ["bf16", "fp16", "fp32", "fp8"],
+    "model": ["mlp", "seq_transformer"],
+    "optimizer": ["adamw", "sgd"],
+    "scheduler": ["none", "warmup_cosine"],
+    "data": ["hub", "local_files", "reverse_digits", "sklearn_digits"],
+    "task": ["classification", "seq2seq"],
+    "recipe": ["digits_mlp", "reverse", "tabular_csv"],
+    "hparams_search": ["lr_width"],
+    "hydra/launcher": ["parallel", "slurm", "slurm_local"],
+    "local": [],  # git-ignored per-machine files
+}
+
+
+def test_config_groups_are_frozen():
+    root = Path(CONFIG_DIR)
+    # conf/recipe is a link to the top-level recipes/ folder, which rglob does not follow.
+    group_dirs = {str(p.parent.relative_to(root)) for p in root.rglob("*.yaml") if p.parent != root} | {"local", "recipe"}
+    assert sorted(group_dirs) == sorted(EXPECTED_GROUPS)
+    groups = {group: sorted(p.stem for p in (root / group).glob("*.yaml")) for group in EXPECTED_GROUPS}
+    assert groups == EXPECTED_GROUPS
+
+
+def test_schema_keys_are_frozen():
+    assert sorted(OmegaConf.to_container(OmegaConf.structured(RunConfig)).keys()) == sorted(
+        ["hardware", "precision", "model", "optimizer", "scheduler", "data", "task", "seed", "gpu_ids", "trainer",
+         "checkpoint", "logging", "resume", "allowed_targets"]
+    )
+    structured = OmegaConf.structured(RunConfig)
+    assert sorted(structured.trainer.keys()) == sorted(
+        ["max_epochs", "max_steps", "batch_size", "eval_batch_size", "eval_every_steps", "log_every_steps",
+         "grad_accum_steps", "max_grad_norm", "monitor", "monitor_mode", "progress_bar", "data_in_memory_mb"]
+    )
+    assert sorted(structured.hardware.keys()) == sorted(
+        ["kind", "num_processes", "threads_per_process", "start_method", "num_machines", "machine_rank",
+         "main_process_ip", "main_process_port", "timeout_s", "shutdown_timeout_s"]
+    )
+    assert sorted(structured.precision.keys()) == ["fp8_emulation", "kind"]
+    assert sorted(structured.checkpoint.keys()) == ["enabled", "every_epoch"]
+    assert sorted(structured.logging.keys()) == ["jsonl", "tensorboard"]
+
+
+@pytest.mark.parametrize("recipe", EXPECTED_GROUPS["recipe"])
+def test_every_recipe_documents_itself(recipe):
+    text = (Path(CONFIG_DIR) / "recipe" / f"{recipe}.yaml").read_text()
+    assert text.startswith("# @package _global_\n# ")  # a comment saying what the experiment is
+    assert "defaults:" in text and "override /model:" in text and "override /data:" in text

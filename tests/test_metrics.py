@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+from runner.config import PrecisionKind
+from runner.metrics import MetricsLogger, NullLogger, flatten_hparams, make_logger
+from conftest import read_jsonl, read_scalars
+
+
+def test_flatten_hparams_makes_dotted_scalars():
+    flat = flatten_hparams(
+        {"optimizer": {"lr": 0.1, "betas": [0.9, 0.99]}, "scheduler": None, "precision": {"kind": PrecisionKind.bf16},
+         "trainer": {"progress_bar": True, "max_steps": 3}}
+    )
+    assert flat == {
+        "optimizer.lr": 0.1, "optimizer.betas": "[0.9, 0.99]", "scheduler": "None", "precision.kind": "bf16",
+        "trainer.progress_bar": True, "trainer.max_steps": 3,
+    }
+
+
+def test_logger_writes_scalars_text_hparams_and_jsonl(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    logger = MetricsLogger(tmp_path)
+    logger.log(1, {"train/loss": 2.0})
+    logger.log(2, {"train/loss": 1.5, "val/accuracy": 0.5})
+    logger.log_config({"model": {"_target_": "runner.models.MLP"}, "seed": 0})
+    logger.log_hparams({"optimizer": {"lr": 0.1}, "gpu_ids": None}, {"val/accuracy": 0.5})
+    logger.close()
+
+    assert read_scalars(tmp_path, "train/loss") == [(1, 2.0), (2, 1.5)]
+    assert read_jsonl(tmp_path / "metrics.jsonl") == [
+        {"step": 1, "train/loss": 2.0}, {"step": 2, "train/loss": 1.5, "val/accuracy": 0.5}
+    ]
+    events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"scalars": 0, "tensors": 0})
+    events.Reload()
+    assert "runner.models.MLP" in events.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert read_scalars(tmp_path, "hparam/val/accuracy") == [(0, 0.5)]
+    content = events.PluginTagToContent("hparams")
+    session = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"]).session_start_info
+    assert session.hparams["optimizer.lr"].number_value == 0.1
+    assert session.hparams["gpu_ids"].string_value == "None"
+
+
+def test_only_the_main_process_gets_a_real_logger(tmp_path):
+    assert isinstance(make_logger(tmp_path, is_main=False, tensorboard=True, jsonl=True), NullLogger)
+    assert list(tmp_path.iterdir()) == []
+    real = make_logger(tmp_path, is_main=True, tensorboard=False, jsonl=True)
+    real.log(1, {"a": 1.0})
+    real.close()
+    assert [p.name for p in tmp_path.iterdir()] == ["metrics.jsonl"]

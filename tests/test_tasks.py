@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from runner.models import MLP, SeqTransformer
+from runner.tasks import Classification, SequenceToSequence
+
+
+def test_classification_loss_and_exact_stats():
+    model = torch.nn.Identity()
+    logits = torch.tensor([[2.0, 0.0], [0.0, 1.0], [3.0, 0.0]])
+    batch = {"features": logits, "label": torch.tensor([0, 0, 0])}
+    task = Classification()
+    assert task.training_loss(model, batch) == pytest.approx(F.cross_entropy(logits, batch["label"]).item())
+    stats = task.evaluation_stats(model, batch)
+    assert stats["correct"].item() == 2 and stats["count"].item() == 3
+    summary = task.summarize(stats)
+    assert summary["accuracy"] == pytest.approx(2 / 3)
+    assert summary["loss"] == pytest.approx(F.cross_entropy(logits, batch["label"]).item())
+
+
+def test_stats_summed_over_batches_equal_stats_of_the_whole():
+    torch.manual_seed(0)
+    model = MLP(4, 3, hidden=[8])
+    data = {"features": torch.randn(10, 4), "label": torch.randint(0, 3, (10,))}
+    task = Classification()
+    whole = task.summarize(task.evaluation_stats(model, data))
+    parts = [task.evaluation_stats(model, {k: v[s] for k, v in data.items()}) for s in (slice(0, 3), slice(3, 10))]
+    summed = task.summarize({k: parts[0][k] + parts[1][k] for k in parts[0]})
+    assert summed == pytest.approx(whole)
+
+
+def test_sequence_task_counts_tokens():
+    model = SeqTransformer(vocab_size=5, max_len=6, d_model=16, nhead=2, num_layers=1, dim_feedforward=32)
+    batch = {"source": torch.randint(0, 5, (3, 6)), "target": torch.randint(0, 5, (3, 6))}
+    stats = SequenceToSequence().evaluation_stats(model, batch)
+    assert stats["count"].item() == 18
+    assert model(batch["source"]).shape == (3, 6, 5)
