@@ -14,6 +14,7 @@ import traceback
 from runner.errors import RunnerError
 
 TRACEBACK_TAIL_LINES = 8
+PEER_LOST_GRACE_S = 2.0  # how long a rank that lost its peer waits before exiting (see worker.run_spawned)
 STEP_ATTRIBUTE = "runner_failed_after_step"
 
 # What a collective raises when a peer process is gone (gloo / nccl wording).

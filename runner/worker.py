@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 from runner.accelerator import Accelerator, set_seed
@@ -24,7 +25,7 @@ from runner.dist import (
     threads_per_process,
 )
 from runner.errors import LaunchError
-from runner.failures import mark_step, worker_failure
+from runner.failures import PEER_LOST_GRACE_S, PeerLost, mark_step, worker_failure
 from runner.loop import Loop, TrainState, planned_steps
 from runner.metrics import Progress, make_logger
 
@@ -45,18 +46,19 @@ def run(spec: RunSpec, keep_process_group: bool = False) -> dict[str, float]:
     init_process_group(dist, device.type, hardware.timeout_s)
     if keep_process_group:
         keep_process_group_until_exit()
-    try:
-        mismatch = config_mismatch(spec.resolved) if dist.is_distributed else None
-        if mismatch:
-            raise LaunchError(f"{mismatch}\n  every machine must run the same command (only machine_rank may differ)")
-        accelerator = Accelerator(
-            device, spec.config.precision.kind, dist, spec.config.trainer.grad_accum_steps,
-            tpu=resolve_kind(spec.config.hardware.kind) is HardwareKind.tpu,
-        )
-        return train(spec.config, spec.resolved, Path(spec.run_dir), accelerator)
-    finally:
-        if not keep_process_group:
-            destroy_process_group()
+    mismatch = config_mismatch(spec.resolved) if dist.is_distributed else None
+    if mismatch:
+        raise LaunchError(f"{mismatch}\n  every machine must run the same command (only machine_rank may differ)")
+    accelerator = Accelerator(
+        device, spec.config.precision.kind, dist, spec.config.trainer.grad_accum_steps,
+        tpu=resolve_kind(spec.config.hardware.kind) is HardwareKind.tpu,
+    )
+    final = train(spec.config, spec.resolved, Path(spec.run_dir), accelerator)
+    # Only after success: a failing rank keeps its connections until it exits, after it has reported its error, so
+    # its peers (which fail when those connections drop) cannot be reported first and hide the root cause.
+    if not keep_process_group:
+        destroy_process_group()
+    return final
 
 
 def train(config: RunConfig, resolved: dict, run_dir: Path, accelerator: Accelerator) -> dict[str, float]:
@@ -118,7 +120,12 @@ def run_spawned(spec: RunSpec) -> dict[str, float]:
         return run(spec)
     except Exception as err:
         log.exception("rank %d failed", dist.rank)
-        raise worker_failure(dist.rank, err) from None
+        failure = worker_failure(dist.rank, err)
+        if isinstance(failure, PeerLost):
+            # The launcher reports the first worker it sees exit. A rank that only lost its peer waits, so the
+            # peer that really failed (and exited first) is the one reported; the launcher then stops this one.
+            time.sleep(PEER_LOST_GRACE_S)
+        raise failure from None
 
 
 def _log_to_rank_file(path: Path) -> None:
