@@ -6,8 +6,7 @@ Every problem is collected and reported at once (one ConfigError), each naming i
 from __future__ import annotations
 
 from runner.build import target_problems
-from runner.config import RunConfig
-from runner.config import HardwareKind
+from runner.config import HardwareKind, RunConfig, StartMethod
 from runner.devices import CUDA_KINDS, hardware_problems, resolve_kind, select_gpus
 from runner.errors import ConfigError, Problem
 from runner.precision import precision_problems
@@ -18,9 +17,11 @@ POSITIVE_OR_NONE = ("max_steps", "eval_every_steps", "eval_batch_size", "max_gra
 
 def check(config: RunConfig) -> None:
     hardware = config.hardware
-    problems = trainer_problems(config)
-    problems += select_gpus(hardware.kind, config.gpu_ids, hardware.num_processes).problems
-    problems += hardware_problems(hardware.kind, hardware.num_processes)
+    problems = trainer_problems(config) + launch_problems(config)
+    # num_processes null (one per GPU in gpu_ids) is sized against the GPUs here; 1 keeps these checks neutral.
+    processes = hardware.num_processes or 1
+    problems += select_gpus(hardware.kind, config.gpu_ids, processes).problems
+    problems += hardware_problems(hardware.kind, processes)
     problems += precision_problems(config.precision.kind, config.precision.fp8_emulation, device_type(hardware.kind))
     problems += target_problems(
         {key: getattr(config, key) for key in ("model", "optimizer", "scheduler", "data", "task")},
@@ -43,8 +44,33 @@ def trainer_problems(config: RunConfig) -> list[Problem]:
         problems.append(
             Problem("trainer.monitor", f"'{trainer.monitor}' is not a logged metric; use val/<name>, e.g. val/accuracy or val/loss")
         )
-    if config.hardware.num_processes < 1:
-        problems.append(Problem("hardware.num_processes", f"is {config.hardware.num_processes}; it must be 1 or more"))
+    return problems
+
+
+def launch_problems(config: RunConfig) -> list[Problem]:
+    """Process counts, machines, rendezvous and timeouts that cannot work together."""
+    hardware, problems = config.hardware, []
+    for name in ("num_processes", "threads_per_process", "num_machines", "timeout_s", "shutdown_timeout_s"):
+        value = getattr(hardware, name)
+        if value is not None and value < 1:
+            problems.append(Problem(f"hardware.{name}", f"is {value}; it must be 1 or more"))
+    multi = hardware.kind in (HardwareKind.multi_cpu, HardwareKind.multi_gpu)
+    if not multi and ((hardware.num_processes or 1) > 1 or hardware.num_machines > 1):
+        problems.append(
+            Problem("hardware", f"{hardware.kind.value} runs one process on one machine; for num_processes="
+                    f"{hardware.num_processes}, num_machines={hardware.num_machines} use hardware=multi_cpu or multi_gpu")
+        )
+    if not 0 <= hardware.machine_rank < max(1, hardware.num_machines):
+        problems.append(Problem("hardware.machine_rank", f"is {hardware.machine_rank}; it must be 0 .. num_machines-1 "
+                                f"(0 .. {hardware.num_machines - 1})"))
+    if hardware.num_machines > 1:
+        for name in ("main_process_ip", "main_process_port"):
+            if getattr(hardware, name) is None:
+                problems.append(Problem(f"hardware.{name}", f"is not set; a run on {hardware.num_machines} machines "
+                                        "meets at machine 0's address and a free port on it, the same on every machine"))
+    if hardware.start_method is StartMethod.fork and hardware.kind in (HardwareKind.multi_gpu, HardwareKind.gpu):
+        problems.append(Problem("hardware.start_method", "fork is unsafe once CUDA is initialised; use spawn "
+                                "(or forkserver) with GPUs"))
     return problems
 
 

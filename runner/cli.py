@@ -17,7 +17,7 @@ from runner.checks import check
 from runner.config import RunConfig, RunSpec, register_configs
 from runner.devices import apply_gpus, select_gpus
 from runner.errors import ConfigError, RunnerError
-from runner.launch import launch
+from runner.launch import launch, resolve_num_processes
 from runner.report import finished_result
 
 log = logging.getLogger("runner")
@@ -33,6 +33,7 @@ def main(cfg: DictConfig) -> float:
     run_dir = Path(HydraConfig.get().runtime.output_dir).resolve()
     try:
         spec = freeze(cfg, run_dir)
+        resolve_num_processes(spec)  # null: one per selected GPU on multi_gpu; the checks below need the count
         if spec.config.resume == "auto":
             done = finished_result(run_dir, list(HydraConfig.get().overrides.task))
             if done is not None:

@@ -36,12 +36,38 @@ class MonitorMode(str, Enum):
     min = "min"
 
 
+class StartMethod(str, Enum):
+    spawn = "spawn"
+    fork = "fork"
+    forkserver = "forkserver"
+
+
 @dataclass
 class HardwareConfig:
     kind: HardwareKind = HardwareKind.cpu
     """Where the run executes: cpu, gpu (one CUDA device), multi_gpu, multi_cpu (gloo), tpu, auto."""
-    num_processes: int = 1
-    """Processes on this machine. multi_cpu/multi_gpu start this many workers."""
+    num_processes: Optional[int] = None
+    """Worker processes on this machine (multi_cpu, multi_gpu). None: one per GPU in gpu_ids (every visible GPU when
+    gpu_ids is null) on multi_gpu, 2 on multi_cpu, 1 otherwise. Ignored under torchrun, which sets its own."""
+    threads_per_process: Optional[int] = None
+    """CPU threads (torch.set_num_threads) in each worker of a multi-process run. None: this machine's cores divided
+    by its worker processes, so N workers do not oversubscribe the cores."""
+    start_method: StartMethod = StartMethod.spawn
+    """How workers are started: spawn (safe everywhere; costs seconds per launch), fork (a fraction of a second;
+    CPU only: unsafe once CUDA is initialised), forkserver."""
+    num_machines: int = 1
+    """Machines in the run; each one runs the same command with its own machine_rank."""
+    machine_rank: int = 0
+    """This machine's index, 0 .. num_machines-1. Machine 0 hosts the rendezvous and global rank 0."""
+    main_process_ip: Optional[str] = None
+    """Address of machine 0, reachable from every machine (required when num_machines > 1)."""
+    main_process_port: Optional[int] = None
+    """A free TCP port on machine 0 for the rendezvous (required when num_machines > 1; one machine: a free port
+    is picked, so two runs at once never collide)."""
+    timeout_s: int = 600
+    """Seconds a rank waits for its peers (to join the rendezvous, or in a collective) before the run fails."""
+    shutdown_timeout_s: int = 10
+    """When a rank fails, seconds the other workers get to exit after SIGTERM before they are killed."""
 
 
 @dataclass
@@ -59,7 +85,8 @@ class TrainerConfig:
     max_steps: Optional[int] = None
     """Optimizer steps to train (None: no step limit)."""
     batch_size: int = 32
-    """Samples per optimizer step per process, before gradient accumulation."""
+    """Per-device batch: samples each process draws per micro-step. The global batch of one optimizer step is
+    batch_size x processes x grad_accum_steps (the run logs both)."""
     eval_batch_size: Optional[int] = None
     """Samples per evaluation batch (None: same as batch_size)."""
     eval_every_steps: Optional[int] = None
@@ -129,15 +156,35 @@ class RunConfig:
 
 def register_configs() -> None:
     """Register the schema so `conf/config.yaml` can list `runner_schema` first in its defaults, and the
-    `runner_direction` resolver the search configs use to optimize in the direction of `trainer.monitor_mode`."""
+    resolvers: `runner_direction` (the search configs optimize in the direction of `trainer.monitor_mode`) and the
+    two that give all torchrun ranks one run dir and each its own Hydra log file."""
     ConfigStore.instance().store(name="runner_schema", node=RunConfig)
     if not OmegaConf.has_resolver("runner_direction"):
         OmegaConf.register_new_resolver("runner_direction", optuna_direction)
+    if not OmegaConf.has_resolver("runner.rank_suffix"):
+        OmegaConf.register_new_resolver("runner.rank_suffix", _rank_suffix)
+    if not OmegaConf.has_resolver("runner.launcher_run_id"):
+        OmegaConf.register_new_resolver("runner.launcher_run_id", _launcher_run_id)
 
 
 def optuna_direction(mode: MonitorMode | str) -> str:
     """`${runner_direction:${trainer.monitor_mode}}` -> maximize / minimize, as Optuna's sweeper spells them."""
     return "maximize" if MonitorMode(mode) == MonitorMode.max else "minimize"
+
+
+def _launcher_run_id(default: str) -> str:
+    """The id every rank of one torchrun launch shares (so they agree on one run dir), else `default`."""
+    from runner.dist import external_run_id
+
+    return external_run_id() or default
+
+
+def _rank_suffix() -> str:
+    """"_rank<N>" in a process started by torchrun (or SLURM via torchrun), "" otherwise."""
+    from runner.dist import external_rank
+
+    rank = external_rank()
+    return "" if rank is None else f"_rank{rank}"
 
 
 @dataclass(frozen=True)

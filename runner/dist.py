@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import atexit
+import difflib
+import hashlib
+import json
 import os
+import socket
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as torch_dist
+
+# Keys that legitimately differ between machines of one run, left out of the consistency hash.
+MACHINE_LOCAL_KEYS = (("hardware", "machine_rank"),)
 
 
 REDUCE_OPS = {"sum": torch_dist.ReduceOp.SUM, "max": torch_dist.ReduceOp.MAX, "min": torch_dist.ReduceOp.MIN}
@@ -19,14 +31,17 @@ class DistInfo:
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
+    local_world_size: int = 1
 
     @classmethod
     def from_env(cls) -> "DistInfo":
         """Read what torchrun / the elastic launcher / SLURM-via-torchrun set; defaults to a single process."""
+        world_size = int(os.environ.get("WORLD_SIZE", 1))
         return cls(
             rank=int(os.environ.get("RANK", 0)),
             local_rank=int(os.environ.get("LOCAL_RANK", 0)),
-            world_size=int(os.environ.get("WORLD_SIZE", 1)),
+            world_size=world_size,
+            local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", world_size)),
         )
 
     @property
@@ -34,23 +49,51 @@ class DistInfo:
         return self.rank == 0
 
     @property
-    def is_distributed(self) -> bool:
-        return self.world_size > 1
-
-    @property
     def is_local_main(self) -> bool:
         return self.local_rank == 0
 
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
 
-def init_process_group(info: DistInfo, device_type: str) -> None:
-    """Join the group once (gloo on CPU, nccl on CUDA); a group that already exists is kept, as under torchrun."""
+
+def external_rank() -> int | None:
+    """The RANK a launcher outside this program (torchrun, SLURM via torchrun) gave this process, if any."""
+    return int(os.environ["RANK"]) if "RANK" in os.environ else None
+
+
+def external_run_id() -> str | None:
+    """An id shared by every rank of one torchrun launch on this machine, or None outside torchrun.
+
+    torchrun's TORCHELASTIC_RUN_ID is a fresh uuid with --standalone or a single-node default rendezvous, but the
+    literal "none" when --rdzv-id is not given otherwise (e.g. --master-port, several nodes): then the ranks'
+    common parent, torchrun's agent, tells launches apart."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run_id is None:
+        return None
+    if run_id != "none":
+        return run_id
+    return f"torchrun-{time.strftime('%Y%m%d')}-{socket.gethostname()}-{os.getppid()}"
+
+
+def init_process_group(info: DistInfo, device_type: str, timeout_s: float = 1800) -> None:
+    """Join the group once (gloo on CPU, nccl on CUDA); a group that already exists is kept, as under torchrun.
+
+    `timeout_s` bounds how long a collective waits for a peer that is gone or stuck."""
     if info.is_distributed and not torch_dist.is_initialized():
-        torch_dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
+        backend = "nccl" if device_type == "cuda" else "gloo"
+        torch_dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
 
 
 def destroy_process_group() -> None:
     if torch_dist.is_initialized():
         torch_dist.destroy_process_group()
+
+
+def keep_process_group_until_exit() -> None:
+    """Under torchrun every multirun job of a rank shares one group: re-creating it on the agent's store hangs
+    (NOTES-technical.md section 2), so it is destroyed once, when the process exits."""
+    atexit.register(destroy_process_group)
 
 
 def barrier() -> None:
@@ -102,3 +145,85 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     if torch_dist.is_initialized():
         torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.SUM)
     return tensor
+
+
+def all_gather_object(obj: Any) -> list[Any]:
+    """Every rank's `obj`, in rank order (just [obj] in a single process)."""
+    if not torch_dist.is_initialized():
+        return [obj]
+    gathered: list[Any] = [None] * torch_dist.get_world_size()
+    torch_dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+@contextmanager
+def local_main_first(info: DistInfo) -> Iterator[None]:
+    """Run the body on each machine's local rank 0 first, then on the others: a dataset is generated and cached
+    once per machine, and the other ranks read the cache instead of all generating it at once."""
+    if not info.is_local_main:
+        barrier()
+    yield
+    if info.is_local_main:
+        barrier()
+
+
+def config_digest(resolved: dict) -> str:
+    return hashlib.sha256(_canonical(resolved).encode()).hexdigest()[:16]
+
+
+def config_mismatch(resolved: dict) -> str | None:
+    """None when every rank runs the same resolved config; otherwise a readable diff against rank 0's."""
+    digests = all_gather_object(config_digest(resolved))
+    if len(set(digests)) == 1:
+        return None
+    configs = all_gather_object(resolved)
+    first_other = next(rank for rank, digest in enumerate(digests) if digest != digests[0])
+    diff = difflib.unified_diff(
+        _canonical(configs[0]).splitlines(),
+        _canonical(configs[first_other]).splitlines(),
+        fromfile="rank 0",
+        tofile=f"rank {first_other}",
+        lineterm="",
+        n=0,
+    )
+    diff = [line for line in diff if not line.startswith("@@")]
+    differing = [rank for rank, digest in enumerate(digests) if digest != digests[0]]
+    return f"ranks {differing} resolved a different config than rank 0:\n" + "\n".join(diff)
+
+
+def _canonical(resolved: dict) -> str:
+    """The config as sorted `dotted.key = value` lines (so a diff names the full key), minus per-machine keys."""
+    skipped = {".".join(path) for path in MACHINE_LOCAL_KEYS}
+    lines = [f"{key} = {value}" for key, value in _flatten(json.loads(json.dumps(resolved, default=str)))
+             if key not in skipped]
+    return "\n".join(sorted(lines))
+
+
+def _flatten(node: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
+    if isinstance(node, dict) and node:
+        for key, value in node.items():
+            yield from _flatten(value, f"{prefix}{key}.")
+    else:
+        yield prefix.rstrip("."), json.dumps(node)
+
+
+def threads_per_process(info: DistInfo, requested: int | None) -> int:
+    """`requested`, or this machine's usable cores shared evenly among its worker processes."""
+    if requested is not None:
+        return requested
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, info.local_world_size))
+
+
+def exit_with_parent() -> None:
+    """Ask Linux to send this worker SIGTERM when the process that started it dies (even by SIGKILL), so a killed
+    launcher leaves no orphaned workers behind. A no-op where prctl is unavailable."""
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+import time
 from pathlib import Path
 
 from runner.accelerator import Accelerator, set_seed
@@ -12,26 +14,51 @@ from runner.checkpoint import Checkpointer, load_checkpoint
 from runner.config import HardwareKind, RunConfig, RunSpec
 from runner.data.batches import make_batches
 from runner.devices import device_for, resolve_kind
-from runner.dist import DistInfo, destroy_process_group, init_process_group
+from runner.dist import (
+    DistInfo,
+    config_mismatch,
+    destroy_process_group,
+    exit_with_parent,
+    init_process_group,
+    keep_process_group_until_exit,
+    local_main_first,
+    threads_per_process,
+)
+from runner.errors import LaunchError
+from runner.failures import PEER_LOST_GRACE_S, PeerLost, mark_step, worker_failure
 from runner.loop import Loop, TrainState, planned_steps
 from runner.metrics import Progress, make_logger
 
 log = logging.getLogger(__name__)
 
 
-def run(spec: RunSpec) -> dict[str, float]:
-    """Entry point of every worker, in-process or started by the elastic launcher. Returns final metrics."""
+def run(spec: RunSpec, keep_process_group: bool = False) -> dict[str, float]:
+    """Entry point of every worker, in-process or started by a launcher. Returns final metrics."""
     dist = DistInfo.from_env()
-    device = device_for(spec.config.hardware.kind, dist)
-    init_process_group(dist, device.type)
-    try:
-        accelerator = Accelerator(
-            device, spec.config.precision.kind, dist, spec.config.trainer.grad_accum_steps,
-            tpu=resolve_kind(spec.config.hardware.kind) is HardwareKind.tpu,
-        )
-        return train(spec.config, spec.resolved, Path(spec.run_dir), accelerator)
-    finally:
+    hardware = spec.config.hardware
+    device = device_for(hardware.kind, dist)
+    if dist.is_distributed:
+        import torch
+
+        torch.set_num_threads(threads_per_process(dist, hardware.threads_per_process))
+        log.info("rank %d of %d (local rank %d), pid %d, %d thread(s)", dist.rank, dist.world_size, dist.local_rank,
+                 os.getpid(), torch.get_num_threads())
+    init_process_group(dist, device.type, hardware.timeout_s)
+    if keep_process_group:
+        keep_process_group_until_exit()
+    mismatch = config_mismatch(spec.resolved) if dist.is_distributed else None
+    if mismatch:
+        raise LaunchError(f"{mismatch}\n  every machine must run the same command (only machine_rank may differ)")
+    accelerator = Accelerator(
+        device, spec.config.precision.kind, dist, spec.config.trainer.grad_accum_steps,
+        tpu=resolve_kind(spec.config.hardware.kind) is HardwareKind.tpu,
+    )
+    final = train(spec.config, spec.resolved, Path(spec.run_dir), accelerator)
+    # Only after success: a failing rank keeps its connections until it exits, after it has reported its error, so
+    # its peers (which fail when those connections drop) cannot be reported first and hide the root cause.
+    if not keep_process_group:
         destroy_process_group()
+    return final
 
 
 def train(config: RunConfig, resolved: dict, run_dir: Path, accelerator: Accelerator) -> dict[str, float]:
@@ -42,8 +69,14 @@ def train(config: RunConfig, resolved: dict, run_dir: Path, accelerator: Acceler
     log.info("%s", accelerator.describe())
     if accelerator.precision.speed_warning():
         log.warning("%s", accelerator.precision.speed_warning())
+    log.info(
+        "batch size: %d per device x %d process(es) x %d accumulation step(s) = %d global per optimizer step",
+        trainer.batch_size, accelerator.num_processes, trainer.grad_accum_steps,
+        trainer.batch_size * accelerator.num_processes * trainer.grad_accum_steps,
+    )
     optimizer = build_optimizer(config.optimizer, model.parameters())
-    splits = build_data(config.data)
+    with local_main_first(accelerator.dist):
+        splits = build_data(config.data)
     train_batches = make_batches(splits["train"], trainer.batch_size, True, config.seed, trainer.data_in_memory_mb)
     val_batches = make_batches(
         splits["validation"], trainer.eval_batch_size or trainer.batch_size, False, config.seed, trainer.data_in_memory_mb
@@ -67,21 +100,48 @@ def train(config: RunConfig, resolved: dict, run_dir: Path, accelerator: Acceler
         loop.state = TrainState(**load_checkpoint(Path(config.resume), model, optimizer, scheduler, accelerator.scaler))
         log.info("resumed from %s at step %d", config.resume, loop.state.step)
     logger.log_config(resolved)
-    final = loop.fit()
+    try:
+        final = loop.fit()
+    except Exception as err:
+        mark_step(err, loop.state.step)
+        raise
     logger.log_hparams(resolved, final)
     logger.close()
     return final
 
 
 def run_spawned(spec: RunSpec) -> dict[str, float]:
-    """Entry point for a process the elastic launcher started: it inherits neither logging nor thread settings."""
-    import torch
-
+    """Entry point for a process the elastic launcher started: its own log file, no orphan if the launcher dies,
+    and a failure re-raised as one readable report (rank, step, end of the traceback) for the parent to print."""
     dist = DistInfo.from_env()
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // dist.world_size))
-    logging.basicConfig(
-        level=logging.INFO,
-        format=f"[%(asctime)s][rank{dist.rank}][%(name)s][%(levelname)s] - %(message)s",
-        handlers=[logging.FileHandler(Path(spec.run_dir) / f"runner_rank{dist.rank}.log"), logging.StreamHandler()],
-    )
-    return run(spec)
+    exit_with_parent()
+    _log_to_rank_file(Path(spec.run_dir) / f"runner_rank{dist.rank}.log")
+    try:
+        return run(spec)
+    except Exception as err:
+        log.exception("rank %d failed", dist.rank)
+        failure = worker_failure(dist.rank, err)
+        if isinstance(failure, PeerLost):
+            # The launcher reports the first worker it sees exit. A rank that only lost its peer waits, so the
+            # peer that really failed (and exited first) is the one reported; the launcher then stops this one.
+            time.sleep(PEER_LOST_GRACE_S)
+        raise failure from None
+
+
+def _log_to_rank_file(path: Path) -> None:
+    """This rank's log lines go to its own file and the console. A forked worker inherited the parent's handlers
+    (its runner.log among them): they are dropped, not closed, since the parent still writes through them."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    formatter = logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+    for handler in (logging.FileHandler(path), logging.StreamHandler(sys.stdout)):
+        handler.setFormatter(formatter)
+        root.addHandler(handler)
+    root.setLevel(logging.INFO)
+
+
+def prepare_data(config: RunConfig) -> None:
+    """Build the datasets once in the launching process, so generation, `map` and caching happen once and the
+    workers read the datasets cache instead of all doing it at the same moment."""
+    build_data(config.data)

@@ -89,7 +89,10 @@ def test_schema_keys_are_frozen():
         ["max_epochs", "max_steps", "batch_size", "eval_batch_size", "eval_every_steps", "log_every_steps",
          "grad_accum_steps", "max_grad_norm", "monitor", "monitor_mode", "progress_bar", "data_in_memory_mb"]
     )
-    assert sorted(structured.hardware.keys()) == ["kind", "num_processes"]
+    assert sorted(structured.hardware.keys()) == sorted(
+        ["kind", "num_processes", "threads_per_process", "start_method", "num_machines", "machine_rank",
+         "main_process_ip", "main_process_port", "timeout_s", "shutdown_timeout_s"]
+    )
     assert sorted(structured.precision.keys()) == ["fp8_emulation", "kind"]
     assert sorted(structured.checkpoint.keys()) == ["enabled", "every_epoch"]
     assert sorted(structured.logging.keys()) == ["jsonl", "tensorboard"]

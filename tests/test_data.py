@@ -137,11 +137,16 @@ def test_batches_reshuffle_per_epoch_and_repeat_per_seed():
 
 
 def test_sharded_batches_cover_each_row_once_across_ranks():
-    seen = []
-    for rank in range(3):
-        batches = make_batches(_dataset(10), batch_size=2, shuffle=True, seed=0, in_memory_limit_mb=1).shard(rank, 3)
-        seen += torch.cat([batch["y"] for batch in batches]).tolist()
-    assert sorted(seen) == list(range(10))
+    for shuffle in (True, False):
+        seen, lengths = [], []
+        for rank in range(3):
+            batches = make_batches(_dataset(10), batch_size=2, shuffle=shuffle, seed=0, in_memory_limit_mb=1)
+            rows = torch.cat([batch["y"] for batch in batches.shard(rank, 3)]).tolist()
+            seen, lengths = seen + rows, lengths + [len(rows)]
+        assert set(seen) == set(range(10))
+        # Training (shuffled) shards are padded to equal length so every rank takes the same steps: 2 rows repeat.
+        # Evaluation shards are exact: each row once.
+        assert (lengths, len(seen)) == (([4, 4, 4], 12) if shuffle else ([4, 3, 3], 10))
 
 
 def test_drop_last_and_unshuffled_order():

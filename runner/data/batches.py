@@ -44,7 +44,16 @@ class _Batches:
         self.rank, self.world_size = rank, world_size
         return self
 
+    @property
+    def _padded(self) -> bool:
+        # Training shards (shuffled) are padded to one length, as DistributedSampler does: every rank must take
+        # the same number of steps or DDP waits forever. Evaluation shards stay disjoint and unpadded, so metrics
+        # summed across ranks count every row exactly once.
+        return self.shuffle and self.world_size > 1
+
     def _rows_this_rank(self) -> int:
+        if self._padded:
+            return math.ceil(self.num_rows / self.world_size)
         return len(range(self.rank, self.num_rows, self.world_size))
 
     def __len__(self) -> int:
@@ -57,6 +66,10 @@ class _Batches:
             order = torch.randperm(self.num_rows, generator=generator)
         else:
             order = torch.arange(self.num_rows)
+        if self._padded:
+            # Repeat rows from the start of this epoch's order (fewer than world_size of them).
+            total = self._rows_this_rank() * self.world_size
+            order = order.repeat(math.ceil(total / self.num_rows))[:total]
         return order[self.rank :: self.world_size]
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:

@@ -1,0 +1,59 @@
+"""Test-only `_target_`s for distributed tests, importable by the CLI's workers when tests/ is on PYTHONPATH
+(the tests pass `allowed_targets` with the `dist_helpers.` prefix).
+
+A model that fails (or stalls) on one chosen rank at one chosen training forward pass: the way to make "rank 1
+raises at step k" happen inside a real run.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from torch import nn
+
+from runner.models import SeqTransformer
+
+
+class FaultySeqTransformer(nn.Module):
+    """SeqTransformer whose `fail_rank` raises at its `fail_at_forward`-th training forward pass (1-based).
+    `sleep_s` slows every training forward pass, to keep a run alive long enough to kill its launcher."""
+
+    def __init__(self, fail_rank: int = -1, fail_at_forward: int = 0, sleep_s: float = 0.0, **model_kwargs):
+        super().__init__()
+        self.model = SeqTransformer(**model_kwargs)
+        self.fail_rank, self.fail_at_forward, self.sleep_s = fail_rank, fail_at_forward, sleep_s
+        self.training_forwards = 0
+
+    def forward(self, tokens):
+        if self.training:
+            self.training_forwards += 1
+            # Tests may read the environment; the runner package may not (only dist.py does).
+            if int(os.environ.get("RANK", 0)) == self.fail_rank and self.training_forwards == self.fail_at_forward:
+                raise ValueError(f"injected failure at training forward {self.training_forwards}")
+            time.sleep(self.sleep_s)
+        return self.model(tokens)
+
+
+# Functions run in each of 2 processes by the elastic launcher (importable, so any start method can run them).
+
+def config_mismatch_between_ranks() -> str | None:
+    from runner.dist import DistInfo, config_mismatch, init_process_group
+
+    info = DistInfo.from_env()
+    init_process_group(info, "cpu", timeout_s=60)
+    resolved = {"seed": 0, "hardware": {"machine_rank": info.rank}, "optimizer": {"lr": 0.1 * (info.rank + 1)}}
+    return config_mismatch(resolved)
+
+
+def record_main_first_order(path: str) -> bool:
+    from runner.dist import DistInfo, init_process_group, local_main_first
+
+    info = DistInfo.from_env()
+    init_process_group(info, "cpu", timeout_s=60)
+    if info.rank == 0:
+        time.sleep(0.5)  # rank 1 would write first if it did not wait
+    with local_main_first(info):
+        with open(path, "a") as handle:
+            handle.write(f"{info.rank}\n")
+    return True

@@ -1,0 +1,124 @@
+"""runner.dist and the distributed sharding of batch sources: env reading, threads, the config consistency check
+and main-first ordering on 2 real gloo processes, and "each sample once per epoch across ranks"."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from runner.data.batches import TensorBatches
+from runner.dist import DistInfo, config_digest, config_mismatch, threads_per_process
+
+import dist_helpers
+
+
+def test_dist_info_reads_what_launchers_set(monkeypatch):
+    for name, value in {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(name, value)
+    info = DistInfo.from_env()
+    assert (info.rank, info.local_rank, info.world_size, info.local_world_size) == (3, 1, 4, 2)
+    assert info.is_distributed and not info.is_main and not info.is_local_main
+
+
+def test_dist_info_defaults_to_one_process(monkeypatch):
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    assert DistInfo.from_env() == DistInfo(0, 0, 1, 1)
+
+
+def test_threads_share_this_machines_cores_among_its_workers(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert threads_per_process(DistInfo(0, 0, 8, 4), None) == 4  # 16 cores / 4 workers on this machine
+    assert threads_per_process(DistInfo(0, 0, 64, 64), None) == 1
+    assert threads_per_process(DistInfo(0, 0, 8, 4), 3) == 3  # an explicit setting wins
+
+
+def test_config_digest_ignores_only_the_machine_rank():
+    config = {"hardware": {"machine_rank": 0, "num_machines": 2}, "optimizer": {"lr": 0.1}}
+    same = {"hardware": {"machine_rank": 1, "num_machines": 2}, "optimizer": {"lr": 0.1}}
+    other = {"hardware": {"machine_rank": 0, "num_machines": 2}, "optimizer": {"lr": 0.2}}
+    assert config_digest(config) == config_digest(same) != config_digest(other)
+
+
+def test_a_single_process_is_always_consistent():
+    assert config_mismatch({"a": 1}) is None
+
+
+def _launch_two(fn, *args):
+    """2 gloo processes (fork: fast) through torch's elastic launcher, as runner.launch starts them."""
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id="test", rdzv_backend="c10d",
+                          rdzv_endpoint="localhost:0", max_restarts=0, start_method="fork")
+    return elastic_launch(config, fn)(*args)
+
+
+def test_ranks_with_different_configs_get_a_diff_naming_the_key():
+    results = _launch_two(dist_helpers.config_mismatch_between_ranks)
+    for rank in (0, 1):  # every rank sees the same verdict, so all of them stop
+        assert "ranks [1] resolved a different config than rank 0" in results[rank]
+        assert "\n-optimizer.lr = 0.1\n+optimizer.lr = 0.2" in results[rank]  # the full key, both values
+        assert "seed" not in results[rank] and "machine_rank" not in results[rank]  # only what must agree
+
+
+def test_local_main_first_runs_rank_0_before_the_others(tmp_path):
+    results = _launch_two(dist_helpers.record_main_first_order, str(tmp_path / "order.txt"))
+    assert (tmp_path / "order.txt").read_text().split() == ["0", "1"]
+    assert results == {0: True, 1: True}
+
+
+def _shards(batches_of, world_size, epoch=0):
+    rows = []
+    for rank in range(world_size):
+        batches = batches_of().shard(rank, world_size)
+        batches.set_epoch(epoch)
+        rows.append([int(v) for batch in batches for v in batch["id"]])
+    return rows
+
+
+def _ids(num_rows, batch_size, shuffle):
+    return lambda: TensorBatches({"id": torch.arange(num_rows)}, batch_size, shuffle=shuffle, seed=7)
+
+
+def test_training_shards_see_each_sample_once_per_epoch_and_reshuffle():
+    epoch0 = _shards(_ids(64, 8, True), 2, epoch=0)
+    epoch1 = _shards(_ids(64, 8, True), 2, epoch=1)
+    for shards in (epoch0, epoch1):
+        assert len(shards[0]) == len(shards[1]) == 32
+        assert sorted(shards[0] + shards[1]) == list(range(64))  # disjoint, and together every sample once
+    assert epoch0[0] != epoch1[0]  # a new order each epoch, computed alike on every rank from seed + epoch
+
+
+def test_training_shards_are_padded_to_equal_length_when_rows_do_not_divide():
+    shards = _shards(_ids(67, 8, True), 4)
+    assert [len(shard) for shard in shards] == [17] * 4  # equal: every rank takes the same number of steps
+    seen = sorted(sum(shards, []))
+    assert set(seen) == set(range(67)) and len(seen) == 68  # one row repeated, as DistributedSampler pads
+    assert len({len(_ids(67, 8, True)().shard(rank, 4)) for rank in range(4)}) == 1
+
+
+def test_evaluation_shards_are_exact_and_unpadded():
+    shards = _shards(_ids(63, 8, False), 2)
+    assert [len(shard) for shard in shards] == [32, 31]
+    assert sorted(shards[0] + shards[1]) == list(range(63))  # no padded duplicates to miscount
+
+
+def test_torchrun_ranks_agree_on_a_run_id_and_get_their_own_log_name(monkeypatch):
+    from omegaconf import OmegaConf
+
+    from runner.config import register_configs
+    from runner.dist import external_run_id
+
+    register_configs()
+    names = OmegaConf.create({"dir": "${runner.launcher_run_id:fallback}", "log": "runner${runner.rank_suffix:}"})
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    assert (external_run_id(), names.dir, names.log) == (None, "fallback", "runner")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "5551807e")
+    monkeypatch.setenv("RANK", "1")
+    assert (names.dir, names.log) == ("5551807e", "runner_rank1")
+    # torchrun leaves the literal "none" without --rdzv-id on a static rendezvous: the agent (our parent) decides.
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    assert names.dir.startswith("torchrun-") and names.dir.endswith(f"-{os.getppid()}")

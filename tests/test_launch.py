@@ -1,0 +1,161 @@
+"""runner.launch, runner.failures and the launch checks, without starting processes (the CLI tests start them)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+from types import SimpleNamespace
+
+import pytest
+from runner.checks import launch_problems
+from runner.config import HardwareConfig, HardwareKind, RunConfig, RunSpec, StartMethod
+from runner.errors import DataError
+from runner.failures import PeerLost, RankFailed, mark_step, root_cause, worker_failure
+from runner import launch
+from runner.launch import (
+    launch_config,
+    leave_loky_start_method,
+    omp_threads_for_workers,
+    processes_per_machine,
+    started_by_external_launcher,
+)
+
+
+def _hardware(**fields) -> HardwareConfig:
+    return HardwareConfig(**{"kind": HardwareKind.multi_cpu, **fields})
+
+
+def _spec(tmp_path, **fields) -> RunSpec:
+    return RunSpec(config=RunConfig(hardware=_hardware(**fields)), resolved={}, run_dir=str(tmp_path))
+
+
+def test_num_processes_defaults_to_one_per_gpu_id(monkeypatch):
+    gpu = HardwareKind.multi_gpu
+    assert processes_per_machine(_hardware(kind=gpu), [0, 2]) == 2
+    assert processes_per_machine(_hardware(kind=gpu), "0,1,3") == 3
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(launch, "physical_gpu_count", lambda: 4)
+    assert processes_per_machine(_hardware(kind=gpu), None) == 4  # every GPU on the machine
+    assert processes_per_machine(_hardware(kind=gpu), "all") == 4
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3")  # set by a scheduler: only those are visible
+    assert processes_per_machine(_hardware(kind=gpu), None) == 2
+    assert processes_per_machine(_hardware(kind=gpu, num_processes=1), [0, 1]) == 1  # an explicit value wins
+    assert processes_per_machine(_hardware(), None) == 2
+    assert processes_per_machine(_hardware(kind=HardwareKind.cpu), None) == 1
+
+
+def test_one_machine_meets_on_a_free_port_with_a_fresh_run_id(tmp_path):
+    first = launch_config(_spec(tmp_path, start_method=StartMethod.fork, shutdown_timeout_s=7, timeout_s=90), 3)
+    second = launch_config(_spec(tmp_path), 2)
+    assert (first.rdzv_backend, first.rdzv_endpoint) == ("c10d", "localhost:0")  # port 0: never collides
+    assert first.run_id != second.run_id
+    assert (first.min_nodes, first.max_nodes, first.nproc_per_node, first.max_restarts) == (1, 1, 3, 0)
+    assert first.start_method == "fork" and second.start_method == "spawn"
+    assert first.shutdown_timeout == 7 and first.rdzv_configs["timeout"] == 90
+    assert first.logs_specs.root_log_dir == str(tmp_path / "ranks")
+
+
+def test_machines_meet_at_machine_0_with_ranks_in_machine_order(tmp_path):
+    config = launch_config(
+        _spec(tmp_path, num_machines=3, machine_rank=2, main_process_ip="10.0.0.5", main_process_port=29400), 4
+    )
+    assert (config.min_nodes, config.max_nodes, config.nproc_per_node) == (3, 3, 4)
+    assert (config.rdzv_backend, config.rdzv_endpoint) == ("static", "10.0.0.5:29400")
+    assert config.rdzv_configs["rank"] == 2  # this machine holds global ranks 8..11, like torchrun --node-rank
+    assert config.run_id == "runner"  # the same on every machine
+
+
+def test_torchrun_is_detected_from_its_environment(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    assert not started_by_external_launcher()
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")
+    assert started_by_external_launcher()
+
+
+def test_launch_problems_are_reported_together():
+    config = RunConfig(hardware=_hardware(kind=HardwareKind.multi_gpu, num_machines=2, machine_rank=2,
+                                          start_method=StartMethod.fork, timeout_s=0))
+    problems = {problem.key: problem.message for problem in launch_problems(config)}
+    assert problems["hardware.timeout_s"] == "is 0; it must be 1 or more"
+    assert "0 .. num_machines-1 (0 .. 1)" in problems["hardware.machine_rank"]
+    assert "meets at machine 0's address" in problems["hardware.main_process_ip"]
+    assert "hardware.main_process_port" in problems
+    assert "fork is unsafe once CUDA is initialised" in problems["hardware.start_method"]
+
+
+def test_several_processes_need_a_multi_process_kind():
+    (problem,) = launch_problems(RunConfig(hardware=HardwareConfig(kind=HardwareKind.cpu, num_processes=4)))
+    assert problem.key == "hardware" and "use hardware=multi_cpu or multi_gpu" in problem.message
+    assert launch_problems(RunConfig(hardware=_hardware(num_processes=4))) == []
+
+
+def _raise(err):
+    try:
+        raise err
+    except Exception as caught:
+        return caught
+
+
+def test_a_worker_failure_names_rank_step_and_the_end_of_the_traceback():
+    err = _raise(ValueError("boom"))
+    mark_step(err, 5)
+    failure = worker_failure(1, err)
+    assert isinstance(failure, RankFailed)
+    headline, *rest = str(failure).splitlines()
+    assert headline == "rank 1 failed after 5 optimizer step(s): ValueError: boom"
+    assert rest[0] == "  end of its traceback:" and rest[-1].strip() == "ValueError: boom"
+    assert any("_raise" in line for line in rest)
+
+
+def test_a_user_error_in_a_worker_keeps_just_its_message():
+    failure = worker_failure(0, _raise(DataError("data: a split has no rows")))
+    assert str(failure) == "rank 0 failed before the first optimizer step: DataError: data: a split has no rows"
+
+
+def test_a_broken_collective_means_a_lost_peer():
+    failure = worker_failure(0, _raise(RuntimeError("[pair.cc:537] Read error: Connection reset by peer.")))
+    assert isinstance(failure, PeerLost) and str(failure).startswith("rank 0 stopped before the first optimizer step")
+
+
+def _failure(exitcode, message="", timestamp=100):
+    def signal_name():
+        return signal.Signals(-exitcode).name
+
+    return SimpleNamespace(exitcode=exitcode, message=message, timestamp=timestamp, signal_name=signal_name)
+
+
+def test_root_cause_prefers_the_rank_that_raised_over_ranks_that_lost_it():
+    failures = {
+        0: _failure(1, {"message": "PeerLost: rank 0 stopped after 2 optimizer step(s): it lost a peer"}, 99),
+        1: _failure(1, {"message": "RankFailed: rank 1 failed after 2 optimizer step(s): ValueError: x"}, 100),
+        2: _failure(-signal.SIGTERM, timestamp=98),
+    }
+    assert root_cause(failures) == (1, "rank 1 failed after 2 optimizer step(s): ValueError: x")
+
+
+def test_root_cause_names_a_rank_killed_by_a_signal():
+    failures = {0: _failure(-signal.SIGTERM, timestamp=5), 1: _failure(-signal.SIGKILL, timestamp=6)}
+    assert root_cause(failures) == (1, "rank 1 was killed by signal SIGKILL (exit code -9)")
+
+
+def test_a_joblib_loky_worker_falls_back_to_spawn(monkeypatch):
+    calls = []
+    monkeypatch.setattr(multiprocessing, "get_start_method", lambda allow_none=False: "loky")
+    monkeypatch.setattr(multiprocessing, "set_start_method", lambda method, force=False: calls.append((method, force)))
+    leave_loky_start_method()
+    assert calls == [("spawn", True)]
+    monkeypatch.setattr(multiprocessing, "get_start_method", lambda allow_none=False: "fork")
+    leave_loky_start_method()
+    assert calls == [("spawn", True)]  # any other start method is left alone
+
+
+def test_workers_get_omp_threads_unless_the_user_set_them(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    with omp_threads_for_workers(3):
+        assert os.environ["OMP_NUM_THREADS"] == "3"  # inherited by the workers started in here
+    assert "OMP_NUM_THREADS" not in os.environ  # and gone again for whatever this process starts next
+    monkeypatch.setenv("OMP_NUM_THREADS", "8")
+    with omp_threads_for_workers(3):
+        assert os.environ["OMP_NUM_THREADS"] == "8"

@@ -1,0 +1,241 @@
+"""End-to-end, several processes: `python -m runner hardware=multi_cpu ...` (and torchrun, and two "machines")
+as subprocesses on 2 gloo CPU processes, asserting on PIDs, run dirs, logs, exit codes and trained weights.
+
+Most tests use hardware.start_method=fork (~0.3 s per launch instead of seconds); the equivalence test keeps the
+default, spawn.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from conftest import ROOT, read_jsonl, read_scalars
+
+SMALL = ("data.num_validation=63", "trainer.progress_bar=false")  # 63: the ranks' eval shards differ in size
+FORK = ("hardware=multi_cpu", "hardware.start_method=fork")
+# Test-only targets (tests/dist_helpers.py): the workers import them, so tests/ goes on their PYTHONPATH.
+HELPERS_ENV = {"PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+FAULTY = ("model._target_=dist_helpers.FaultySeqTransformer", "allowed_targets=[runner.,torch.,dist_helpers.]")
+
+
+def _rank_log(run_dir: Path, rank: int) -> str:
+    return (run_dir / f"runner_rank{rank}.log").read_text()
+
+
+def _worker_pid(run_dir: Path, rank: int) -> int:
+    return int(re.search(rf"rank {rank} of 2 \(local rank \d\), pid (\d+)", _rank_log(run_dir, rank)).group(1))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def test_two_worker_processes_really_run_and_only_rank_0_writes_shared_files(cli):
+    # 288 rows: a dataset no other test generated, so its generation shows up in the output.
+    result = cli(*FORK, *SMALL, "data.num_train=288", "trainer.batch_size=24", "trainer.max_steps=4",
+                 "trainer.log_every_steps=2")
+    assert result.returncode == 0, result.output
+    run_dir = result.run_dir()
+    parent_pid = int(re.search(r"from pid (\d+)", (run_dir / "runner.log").read_text()).group(1))
+    pids = {_worker_pid(run_dir, rank) for rank in (0, 1)}
+    assert len(pids | {parent_pid}) == 3  # two distinct workers, neither of them the launching process
+
+    cores = len(os.sched_getaffinity(0))
+    for rank in (0, 1):
+        assert f"{max(1, cores // 2)} thread(s)" in _rank_log(run_dir, rank)  # cores shared, not oversubscribed
+        assert "24 per device x 2 process(es) x 1 accumulation step(s) = 48 global" in _rank_log(run_dir, rank)
+    # Shared artifacts come from rank 0 alone: each logged step once, one checkpoint.
+    assert [row["step"] for row in read_jsonl(run_dir / "metrics.jsonl") if "train/loss" in row] == [2, 4]
+    assert [step for step, _ in read_scalars(run_dir, "train/loss")] == [2, 4]
+    assert (run_dir / "checkpoints" / "latest").read_text() == "step_00000004"
+    # The data was generated once, by the launching process; the ranks read the cache.
+    generated = [line for line in result.output.splitlines() if "Generating train split" in line]
+    assert generated and not any(line.startswith("[rank") for line in generated)
+    for stderr in (run_dir / "ranks").rglob("stderr.log"):
+        assert "Generating" not in stderr.read_text()
+
+
+def test_a_failing_rank_stops_the_group_names_itself_and_leaves_no_process(cli):
+    result = cli(*FORK, *SMALL, *FAULTY, "data.num_train=256", "trainer.batch_size=32", "+model.fail_rank=1",
+                 "+model.fail_at_forward=3", "hardware.shutdown_timeout_s=5", env=HELPERS_ENV)
+    ended = time.time()
+    assert result.returncode == 1, result.output
+    assert "runner: error: rank 1 failed after 2 optimizer step(s): ValueError: injected failure at training " \
+           "forward 3" in result.stderr, result.stderr[-3000:]
+    tail = result.stderr.split("end of its traceback:")[1]
+    assert "dist_helpers.py" in tail and "ValueError: injected failure" in tail
+    run_dir = result.run_dir()
+    assert f"its full log: {run_dir / 'runner_rank1.log'}" in result.stderr
+    assert "Traceback" in _rank_log(run_dir, 1)  # the whole traceback is in the rank's own log
+    failed_at = re.search(r"\[([\d-]+ [\d:]+),\d+\]\[runner.worker\]\[ERROR\] - rank 1 failed", _rank_log(run_dir, 1))
+    seconds_to_stop = ended - time.mktime(time.strptime(failed_at.group(1), "%Y-%m-%d %H:%M:%S"))
+    assert seconds_to_stop < 5 + 15  # shutdown_timeout_s plus slack for a loaded machine, not a hang
+    assert not any(_alive(_worker_pid(run_dir, rank)) for rank in (0, 1))
+
+
+def test_killing_the_launcher_takes_its_workers_down(tmp_path):
+    command = [sys.executable, "-m", "runner", *FORK, *SMALL, *FAULTY, "data.num_train=256",
+               "trainer.batch_size=32", "+model.sleep_s=0.5"]
+    launcher = subprocess.Popen(command, cwd=tmp_path, env={**os.environ, **HELPERS_ENV},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        pids = _wait_for_worker_pids(tmp_path, deadline=time.monotonic() + 120)
+        assert all(_alive(pid) for pid in pids)
+    finally:
+        launcher.kill()  # SIGKILL: the launcher gets no chance to stop its workers itself
+        launcher.wait()
+    deadline = time.monotonic() + 20
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in pids), "orphaned workers survived their launcher"
+
+
+def _wait_for_worker_pids(cwd: Path, deadline: float) -> list[int]:
+    while time.monotonic() < deadline:
+        logs = sorted((cwd / "outputs").rglob("runner_rank*.log"))
+        texts = [log.read_text() for log in logs]
+        if len(texts) == 2 and all("global per optimizer step" in text for text in texts):
+            return [int(re.search(r"pid (\d+)", text).group(1)) for text in texts]
+        time.sleep(0.2)
+    raise AssertionError("the workers never started")
+
+
+def test_two_runs_at_once_do_not_collide(tmp_path):
+    command = [sys.executable, "-m", "runner", *FORK, *SMALL, "data.num_train=256", "trainer.batch_size=32",
+               "trainer.max_steps=2"]
+    runs = []
+    for index in (0, 1):
+        (tmp_path / f"run{index}").mkdir()
+        runs.append(subprocess.Popen(command, cwd=tmp_path / f"run{index}", stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True))
+    outputs = [(run.wait(timeout=600), run.stdout.read()) for run in runs]
+    for code, output in outputs:
+        assert code == 0, output  # each group picked its own free rendezvous port
+        assert "final val/loss=" in output
+
+
+def test_a_sweep_runs_each_job_as_its_own_process_group(cli):
+    result = cli("-m", *FORK, *SMALL, "data.num_train=256", "trainer.batch_size=32", "trainer.max_steps=2",
+                 "optimizer.lr=0.1,0.01")
+    assert result.returncode == 0, result.output
+    jobs = result.run_dirs()
+    assert [job.name for job in jobs] == ["0", "1"] and jobs[0].parent == jobs[1].parent
+    assert [yaml.safe_load((job / "config.yaml").read_text())["optimizer"]["lr"] for job in jobs] == [0.1, 0.01]
+    pids = {_worker_pid(job, rank) for job in jobs for rank in (0, 1)}
+    assert len(pids) == 4  # fresh workers per job
+    for job in jobs:
+        assert [step for step, _ in read_scalars(job, "val/accuracy")] == [2]
+
+
+def test_two_processes_with_batch_b_train_like_one_process_with_batch_2b(cli, tmp_path):
+    steps = ("data.num_train=256", "trainer.max_steps=4", "trainer.log_every_steps=1", *SMALL)
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    one = cli("hardware=cpu", "trainer.batch_size=64", *steps, cwd=tmp_path / "one")
+    two = cli("hardware=multi_cpu", "trainer.batch_size=32", *steps, cwd=tmp_path / "two")  # spawn, the default
+    assert one.returncode == 0, one.output
+    assert two.returncode == 0, two.output
+    assert "(spawn start)" in two.output
+    weights = [load_file(result.run_dir() / "checkpoints" / "step_00000004" / "model.safetensors")
+               for result in (one, two)]
+    assert weights[0].keys() == weights[1].keys()
+    for name in weights[0]:
+        torch.testing.assert_close(weights[1][name], weights[0][name], rtol=1e-4, atol=1e-5, msg=name)
+    losses = [[value for _, value in read_scalars(result.run_dir(), "train/loss")] for result in (one, two)]
+    assert len(losses[0]) == 4 and losses[1] == pytest.approx(losses[0], rel=1e-5)
+    # Evaluation over 63 rows split 32 + 31 across the ranks: the same numbers as one process.
+    for tag in ("val/loss", "val/accuracy"):
+        (_, single), = read_scalars(one.run_dir(), tag)
+        (_, double), = read_scalars(two.run_dir(), tag)
+        assert double == pytest.approx(single, rel=1e-5), tag
+
+
+def _torchrun(*arguments: str, cwd: Path) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               "-m", "runner", *arguments]
+    return subprocess.run(command, cwd=cwd, env={**os.environ, "PYTHONUNBUFFERED": "1"}, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_torchrun_starts_the_ranks_and_they_share_one_run_dir(tmp_path):
+    result = _torchrun("hardware=multi_cpu", *SMALL, "data.num_train=256", "trainer.batch_size=32",
+                       "trainer.max_steps=2", "trainer.log_every_steps=1", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (run_dir,) = {path.parent for path in (tmp_path / "outputs").rglob("config.yaml") if ".hydra" not in path.parts}
+    assert not (run_dir / "ranks").exists()  # no respawn: torchrun's processes are the workers
+    assert len({_worker_pid(run_dir, 0), _worker_pid(run_dir, 1)}) == 2
+    assert [row["step"] for row in read_jsonl(run_dir / "metrics.jsonl") if "train/loss" in row] == [1, 2]
+
+
+def test_torchrun_sweep_keeps_one_process_group_across_jobs(tmp_path):
+    result = _torchrun("-m", "hardware=multi_cpu", *SMALL, "data.num_train=256", "trainer.batch_size=32",
+                       "trainer.max_steps=1", "optimizer.lr=0.1,0.01", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    jobs = sorted({path.parent for path in (tmp_path / "outputs").rglob("config.yaml") if ".hydra" not in path.parts})
+    assert [job.name for job in jobs] == ["0", "1"]  # both ranks agreed on one sweep dir
+    for job in jobs:
+        assert (job / "runner_rank0.log").is_file() and (job / "runner_rank1.log").is_file()
+        assert [step for step, _ in read_scalars(job, "val/accuracy")] == [1]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _two_machines(tmp_path: Path, *extra_for_machine_1: str) -> list[tuple[int, str, Path]]:
+    """Two launcher processes on this host acting as two machines of one process each, each in its own cwd."""
+    port, launchers = _free_port(), []
+    for machine in (0, 1):
+        cwd = tmp_path / f"machine{machine}"
+        cwd.mkdir()
+        command = [sys.executable, "-m", "runner", *FORK, "hardware.num_processes=1", "hardware.num_machines=2",
+                   f"hardware.machine_rank={machine}", "hardware.main_process_ip=127.0.0.1",
+                   f"hardware.main_process_port={port}", "hardware.timeout_s=120", *SMALL, "data.num_train=256",
+                   "trainer.batch_size=32", "trainer.max_steps=2", *(extra_for_machine_1 if machine else ())]
+        launchers.append((subprocess.Popen(command, cwd=cwd, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), cwd))
+    return [(launcher.wait(timeout=600), launcher.stdout.read(), cwd) for launcher, cwd in launchers]
+
+
+def _only_run_dir(cwd: Path) -> Path:
+    (run_dir,) = {path.parent for path in (cwd / "outputs").rglob("config.yaml") if ".hydra" not in path.parts}
+    return run_dir
+
+
+def test_two_machines_meet_at_machine_0s_rendezvous(tmp_path):
+    (code0, out0, cwd0), (code1, out1, cwd1) = _two_machines(tmp_path)
+    assert code0 == 0, out0
+    assert code1 == 0, out1
+    main, other = _only_run_dir(cwd0), _only_run_dir(cwd1)
+    assert "rank 0 of 2" in _rank_log(main, 0) and "rank 1 of 2" in _rank_log(other, 1)  # ranks in machine order
+    assert (main / "metrics.jsonl").is_file() and (main / "checkpoints").is_dir()
+    assert not (other / "metrics.jsonl").exists() and not (other / "checkpoints").exists()
+    finals = [re.search(r"final (.*) \| run dir", out).group(1) for out in (out0, out1)]
+    assert finals[0] == finals[1]  # both machines return the same gathered metrics
+
+
+def test_machines_with_different_configs_refuse_to_train_and_show_the_diff(tmp_path):
+    results = _two_machines(tmp_path, "optimizer.lr=0.5")
+    for code, output, _ in results:
+        assert code == 1, output
+        assert "resolved a different config than rank 0" in output
+        assert "\n-optimizer.lr = 0.003\n+optimizer.lr = 0.5\n" in output
+        assert "every machine must run the same command" in output
