@@ -164,9 +164,9 @@ class DeviceBatches:
     def __len__(self) -> int:
         return len(self.batches)
 
-    def set_epoch(self, epoch: int) -> None:
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
         if hasattr(self.batches, "set_epoch"):
-            self.batches.set_epoch(epoch)
+            self.batches.set_epoch(epoch, start)
 
     def __iter__(self) -> Iterator[Any]:
         for batch in self.batches:

@@ -15,7 +15,7 @@ POSITIVE_OR_NONE = ("max_steps", "eval_every_steps", "eval_batch_size", "max_gra
 
 
 def check(config: RunConfig) -> None:
-    problems = trainer_problems(config) + hardware_problems(config.hardware.kind)
+    problems = trainer_problems(config) + checkpoint_problems(config) + hardware_problems(config.hardware.kind)
     problems += target_problems(
         {key: getattr(config, key) for key in ("model", "optimizer", "scheduler", "data", "task")},
         config.allowed_targets,
@@ -39,4 +39,17 @@ def trainer_problems(config: RunConfig) -> list[Problem]:
         )
     if config.hardware.num_processes < 1:
         problems.append(Problem("hardware.num_processes", f"is {config.hardware.num_processes}; it must be 1 or more"))
+    return problems
+
+
+def checkpoint_problems(config: RunConfig) -> list[Problem]:
+    settings, problems = config.checkpoint, []
+    for name in ("every_n_steps", "keep_last"):
+        value = getattr(settings, name)
+        if value is not None and value < 1:
+            problems.append(Problem(f"checkpoint.{name}", f"is {value}; it must be 1 or more, or null to turn it off"))
+    if settings.keep_best < 0:
+        problems.append(Problem("checkpoint.keep_best", f"is {settings.keep_best}; it must be 0 (off) or more"))
+    if settings.keep_best > 0 and not settings.enabled:
+        problems.append(Problem("checkpoint.keep_best", "needs checkpoint.enabled=true"))
     return problems

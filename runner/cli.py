@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import hydra
@@ -15,7 +16,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner.checks import check
 from runner.config import RunConfig, RunSpec, register_configs
-from runner.errors import ConfigError, RunnerError
+from runner.checkpoint import find_resume
+from runner.errors import PREEMPTED_EXIT_CODE, ConfigError, Preempted, RunnerError
 from runner.launch import launch
 
 log = logging.getLogger("runner")
@@ -32,11 +34,16 @@ def main(cfg: DictConfig) -> float:
     try:
         spec = freeze(cfg, run_dir)
         check(spec.config)
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(spec.resolved, sort_keys=False), encoding="utf-8")
+        resume_from = find_resume(spec.config.resume, run_dir, spec.config.checkpoint.verify)
+        spec = replace(spec, resume_from=str(resume_from) if resume_from else None)
+        _write_config(run_dir, spec.resolved, resume_from)
         final = launch(spec)
         value = monitored_value(final, spec.config.trainer.monitor)
     except RunnerError as err:
         return _fail(err, run_dir)
+    except Preempted as stop:
+        log.info("%s. Continue with the same command plus resume=auto hydra.run.dir=%s", stop, run_dir)
+        raise SystemExit(PREEMPTED_EXIT_CODE)
     log.info("final %s | run dir %s", ", ".join(f"{k}={v:.4f}" for k, v in final.items()), run_dir)
     return value
 
@@ -47,6 +54,16 @@ def freeze(cfg: DictConfig, run_dir: Path) -> RunSpec:
     config = OmegaConf.to_object(cfg)
     assert isinstance(config, RunConfig)
     return RunSpec(config=config, resolved=resolved, run_dir=str(run_dir))
+
+
+def _write_config(run_dir: Path, resolved: dict, resume_from: Path | None) -> None:
+    """config.yaml records how the run was started; a run continued in place keeps its original one."""
+    if (run_dir / "config.yaml").is_file():
+        log.info("continuing the run in %s from %s; its config.yaml is kept", run_dir, resume_from or "scratch")
+        return
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False), encoding="utf-8")
+    if resume_from:
+        log.info("this run starts from the checkpoint %s", resume_from)
 
 
 def monitored_value(final: dict[str, float], monitor: str) -> float:

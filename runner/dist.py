@@ -56,3 +56,12 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     if torch_dist.is_initialized():
         torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.SUM)
     return tensor
+
+
+def all_gather_objects(obj) -> list:
+    """Every process's `obj` (small picklable values, e.g. RNG states), in rank order; [obj] in one process."""
+    if not torch_dist.is_initialized():
+        return [obj]
+    gathered = [None] * torch_dist.get_world_size()
+    torch_dist.all_gather_object(gathered, obj)
+    return gathered

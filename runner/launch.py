@@ -9,7 +9,7 @@ from pathlib import Path
 from runner import worker
 from runner.config import RunSpec
 from runner.devices import MULTI_PROCESS_KINDS
-from runner.errors import LaunchError
+from runner.errors import PREEMPTED_EXIT_CODE, LaunchError, Preempted
 
 
 def started_by_external_launcher() -> bool:
@@ -45,6 +45,8 @@ def _elastic_launch(spec: RunSpec, num_processes: int) -> dict[str, float]:
         results = elastic_launch(config, worker.run_spawned)(spec)
     except ChildFailedError as err:
         rank, failure = err.get_first_failure()
+        if all(f.exitcode == PREEMPTED_EXIT_CODE for f in err.failures.values()):
+            raise Preempted("a stop signal", None, Path(spec.run_dir) / "checkpoints") from None
         raise LaunchError(
             f"rank {rank} failed (exit code {failure.exitcode}): {failure.message or 'see its log'}; "
             f"its full output is under {Path(spec.run_dir) / 'ranks'}"

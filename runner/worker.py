@@ -8,13 +8,15 @@ from pathlib import Path
 
 from runner.accelerator import Accelerator, set_seed
 from runner.build import build_data, build_model, build_optimizer, build_scheduler, build_task
-from runner.checkpoint import Checkpointer, load_checkpoint
+from runner.checkpoint import Checkpointer, apply_rng, restore
 from runner.config import RunConfig, RunSpec
 from runner.data.batches import make_batches
 from runner.devices import device_for
+from runner.errors import PREEMPTED_EXIT_CODE, Preempted
 from runner.dist import DistInfo, destroy_process_group, init_process_group
-from runner.loop import Loop, TrainState, planned_steps
+from runner.loop import Loop, is_finished, planned_steps
 from runner.metrics import Progress, make_logger
+from runner.signals import StopSignals
 
 log = logging.getLogger(__name__)
 
@@ -25,12 +27,14 @@ def run(spec: RunSpec) -> dict[str, float]:
     device = device_for(spec.config.hardware.kind, dist)
     init_process_group(dist, device.type)
     try:
-        return train(spec.config, spec.resolved, Path(spec.run_dir), Accelerator(device, spec.config.precision.kind, dist))
+        accelerator = Accelerator(device, spec.config.precision.kind, dist)
+        return train(spec.config, spec.resolved, Path(spec.run_dir), accelerator, spec.resume_from)
     finally:
         destroy_process_group()
 
 
-def train(config: RunConfig, resolved: dict, run_dir: Path, accelerator: Accelerator) -> dict[str, float]:
+def train(config: RunConfig, resolved: dict, run_dir: Path, accelerator: Accelerator,
+          resume_from: str | None = None) -> dict[str, float]:
     trainer, is_main = config.trainer, accelerator.is_main_process
     set_seed(config.seed)
     log.info("device %s, %s, %d process(es)", accelerator.device, accelerator.precision.describe(), accelerator.num_processes)
@@ -49,22 +53,46 @@ def train(config: RunConfig, resolved: dict, run_dir: Path, accelerator: Acceler
     _, total_steps = planned_steps(trainer, len(train_batches))
     scheduler = build_scheduler(config.scheduler, optimizer, total_steps)
 
-    logger = make_logger(run_dir, is_main, config.logging.tensorboard, config.logging.jsonl)
+    restored = _restore(resume_from, model, optimizer, scheduler, accelerator, resolved) if resume_from else None
+    if restored and is_finished(restored["loop"]["step"], restored["loop"]["epoch"], total_steps, trainer.max_epochs):
+        log.info("the run already finished at step %d (%s); nothing to do", restored["loop"]["step"], resume_from)
+        return dict(restored["loop"]["last_metrics"])
+
+    logger = make_logger(run_dir, is_main, config.logging.tensorboard, config.logging.jsonl,
+                         start_step=restored["loop"]["step"] if restored else 0)
+    checkpointer = Checkpointer(run_dir, config.checkpoint, writer=is_main, monitor=trainer.monitor,
+                                monitor_mode=trainer.monitor_mode, world_size=accelerator.num_processes, resolved=resolved)
+    stop = StopSignals(config.checkpoint.stop_signals, accelerator.dist.is_distributed, accelerator.device)
     loop = Loop(
         accelerator, prepared_model, prepared_optimizer, scheduler, train_batches, val_batches, task, trainer,
         logger=logger,
         progress=Progress(total_steps, enabled=is_main and trainer.progress_bar),
-        checkpointer=Checkpointer(run_dir / "checkpoints", enabled=is_main and config.checkpoint.enabled),
-        checkpoint_every_epoch=config.checkpoint.every_epoch,
+        checkpointer=checkpointer,
+        stop=stop,
     )
-    if config.resume:
-        loop.state = TrainState(**load_checkpoint(Path(config.resume), model, optimizer, scheduler, accelerator.scaler))
-        log.info("resumed from %s at step %d", config.resume, loop.state.step)
-    logger.log_config(resolved)
-    final = loop.fit()
-    logger.log_hparams(resolved, final)
-    logger.close()
+    if restored:
+        loop.load_state_dict(restored["loop"])
+        checkpointer.load_state_dict(restored["checkpointer"])
+        apply_rng(restored)  # last: nothing after this draws random numbers before training continues
+    else:
+        logger.log_config(resolved)
+    try:
+        with stop:
+            final = loop.fit()
+        logger.log_hparams(resolved, final)
+    finally:
+        logger.close()
     return final
+
+
+def _restore(resume_from: str, model, optimizer, scheduler, accelerator: Accelerator, resolved: dict) -> dict:
+    """Load the checkpoint the parent chose into the built objects (RNG comes last, in `train`)."""
+    restored = restore(Path(resume_from), model, optimizer, scheduler, accelerator.scaler, rank=accelerator.dist.rank,
+                       world_size=accelerator.num_processes, resolved=resolved)
+    position = restored["loop"]
+    log.info("resumed from %s: step %d, epoch %d, batch %d of the epoch", resume_from, position["step"],
+             position["epoch"], position["batch_in_epoch"])
+    return restored
 
 
 def run_spawned(spec: RunSpec) -> dict[str, float]:
@@ -78,4 +106,8 @@ def run_spawned(spec: RunSpec) -> dict[str, float]:
         format=f"[%(asctime)s][rank{dist.rank}][%(name)s][%(levelname)s] - %(message)s",
         handlers=[logging.FileHandler(Path(spec.run_dir) / f"runner_rank{dist.rank}.log"), logging.StreamHandler()],
     )
-    return run(spec)
+    try:
+        return run(spec)
+    except Preempted as stop:
+        log.info("%s", stop)
+        raise SystemExit(PREEMPTED_EXIT_CODE)  # the launcher reports it; launch.py turns it back into Preempted

@@ -33,11 +33,13 @@ class _Batches:
         self.seed = seed
         self.drop_last = drop_last
         self.epoch = 0
+        self.start = 0
         self.rank, self.world_size = 0, 1
 
-    def set_epoch(self, epoch: int) -> None:
-        """Reshuffle for this epoch (call before iterating, like DistributedSampler.set_epoch)."""
-        self.epoch = epoch
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Reshuffle for this epoch (call before iterating, like DistributedSampler.set_epoch) and begin at its
+        batch `start`: a resumed run skips the batches it already trained on without reading them."""
+        self.epoch, self.start = epoch, start
 
     def shard(self, rank: int, world_size: int) -> "_Batches":
         """Give this process every world_size-th row of each epoch's order (disjoint across ranks)."""
@@ -61,7 +63,7 @@ class _Batches:
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         order = self._order()
-        for start in range(0, len(self) * self.batch_size, self.batch_size):
+        for start in range(self.start * self.batch_size, len(self) * self.batch_size, self.batch_size):
             yield self._fetch(order[start : start + self.batch_size])
 
     def _fetch(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -1,0 +1,123 @@
+"""Exact resume, end to end: `python -m runner` killed (SIGKILL) or stopped (SIGTERM) mid-epoch, then resumed
+with resume=auto, must end bitwise where an uninterrupted run ends, having logged the same values."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import read_jsonl, read_scalars, run_cli
+from runner.checkpoint import complete_checkpoints, read_pointer
+
+# 512 rows / 16 per batch = 32 batches per epoch, 2 epochs; a checkpoint every 3 optimizer steps.
+RUN = ("data.num_train=512", "data.num_validation=64", "trainer.batch_size=16", "trainer.progress_bar=false",
+       "trainer.max_epochs=2", "trainer.log_every_steps=2", "trainer.eval_every_steps=10", "checkpoint.every_n_steps=3")
+TIMING_KEYS = ("train/samples_per_s",)  # wall-clock throughput: the one logged value that may differ
+
+
+def start(cwd: Path, run_dir: Path, *overrides: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "runner", *RUN, f"hydra.run.dir={run_dir}", *overrides], cwd=cwd,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for_checkpoint(run_dir: Path, min_step: int, proc: subprocess.Popen, timeout: float = 300) -> int:
+    """Poll until a complete checkpoint at min_step or later exists; returns its step."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = complete_checkpoints(run_dir / "checkpoints")
+        if found and found[-1][1]["step"] >= min_step:
+            return found[-1][1]["step"]
+        assert proc.poll() is None, f"the run ended before step {min_step}:\n{proc.stdout.read()}"
+        time.sleep(0.01)
+    raise AssertionError(f"no checkpoint at step >= {min_step} within {timeout} s")
+
+
+def logged(run_dir: Path) -> list[dict]:
+    return [{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in read_jsonl(run_dir / "metrics.jsonl")]
+
+
+def assert_same_run(resumed: Path, reference: Path) -> None:
+    final, expected = load_file(resumed / "export" / "final.safetensors"), load_file(reference / "export" / "final.safetensors")
+    assert final.keys() == expected.keys()
+    for name in expected:
+        assert torch.equal(final[name], expected[name]), f"{name} differs after resume"
+    assert logged(resumed) == logged(reference)
+    losses = read_scalars(resumed, "train/loss")
+    assert losses == read_scalars(reference, "train/loss")  # TensorBoard: no step twice, same values
+    assert len({step for step, _ in losses}) == len(losses)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict[int, Path]:
+    """Uninterrupted runs, one per gradient-accumulation setting, computed once for the module."""
+    runs = {}
+    for accumulate in (1, 2):
+        cwd = tmp_path_factory.mktemp(f"reference{accumulate}")
+        result = run_cli(*RUN, f"trainer.grad_accum_steps={accumulate}", "hydra.run.dir=run", cwd=cwd)
+        assert result.returncode == 0, result.output
+        runs[accumulate] = cwd / "run"
+    return runs
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_sigkill_mid_epoch_then_resume_auto_is_bitwise_exact(tmp_path, reference, accumulate):
+    run_dir = tmp_path / "run"
+    proc = start(tmp_path, run_dir, f"trainer.grad_accum_steps={accumulate}")
+    wait_for_checkpoint(run_dir, 9 if accumulate == 1 else 4, proc)
+    proc.send_signal(signal.SIGKILL)  # wherever it is: mid-step, mid-save, between micro-batches
+    proc.wait()
+    proc.stdout.close()
+    assert not (run_dir / "export" / "final.safetensors").exists(), "the kill came too late to test anything"
+
+    result = run_cli(*RUN, f"trainer.grad_accum_steps={accumulate}", f"hydra.run.dir={run_dir}", "resume=auto",
+                     cwd=tmp_path)
+    assert result.returncode == 0, result.output
+    assert "resumed from" in result.output and "its config.yaml is kept" in result.output
+    assert_same_run(run_dir, reference[accumulate])
+
+
+def test_sigterm_finishes_the_step_saves_exits_75_and_resume_auto_continues(tmp_path, reference):
+    run_dir = tmp_path / "run"
+    proc = start(tmp_path, run_dir)
+    wait_for_checkpoint(run_dir, 3, proc)
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 75, output
+    assert "stopped by SIGTERM after optimizer step" in output and "resume=auto" in output
+    step = int(output.split("stopped by SIGTERM after optimizer step ")[1].split(";")[0])
+    path, manifest = complete_checkpoints(run_dir / "checkpoints")[-1]
+    assert manifest["step"] == step and read_pointer(run_dir / "checkpoints") == path.name
+    assert step < 64 and not (run_dir / "export" / "final.safetensors").exists()
+
+    result = run_cli(*RUN, f"hydra.run.dir={run_dir}", "resume=auto", cwd=tmp_path)
+    assert result.returncode == 0, result.output
+    assert_same_run(run_dir, reference[1])
+
+
+def test_resuming_a_finished_run_says_so_and_does_nothing(tmp_path, reference):
+    run_dir = reference[1]
+    before = {path: path.stat().st_mtime_ns for path in run_dir.rglob("*") if ".hydra" not in path.parts
+              and path.name != "runner.log"}
+    result = run_cli(*RUN, f"hydra.run.dir={run_dir}", "resume=auto", cwd=tmp_path)
+    assert result.returncode == 0, result.output
+    assert "the run already finished at step 64" in result.output
+    after = {path: path.stat().st_mtime_ns for path in run_dir.rglob("*") if ".hydra" not in path.parts
+             and path.name != "runner.log"}
+    assert after == before  # no file written, touched or removed
+    final = read_jsonl(run_dir / "metrics.jsonl")[-1]
+    assert f"val/accuracy={final['val/accuracy']:.4f}" in result.output
+
+
+def test_a_fresh_run_refuses_a_run_dir_that_holds_checkpoints(tmp_path, reference):
+    result = run_cli(*RUN, f"hydra.run.dir={reference[1]}", cwd=tmp_path)
+    assert result.returncode == 1
+    assert "resume: the run dir" in result.output and "continue it with resume=auto" in result.output
