@@ -16,9 +16,10 @@ from safetensors.torch import load_file
 
 from conftest import read_jsonl, read_scalars, run_cli
 from runner.checkpoint import complete_checkpoints, read_pointer
+from runner.data.batches import TensorBatches
 
-# 512 rows / 16 per batch = 32 batches per epoch, 2 epochs; a checkpoint every 3 optimizer steps.
-RUN = ("data.num_train=512", "data.num_validation=64", "trainer.batch_size=16", "trainer.progress_bar=false",
+# 256 rows / 16 per batch = 16 batches per epoch, 2 epochs; a checkpoint every 3 optimizer steps.
+RUN = ("data.num_train=256", "data.num_validation=64", "trainer.batch_size=16", "trainer.progress_bar=false",
        "trainer.max_epochs=2", "trainer.log_every_steps=2", "trainer.eval_every_steps=10", "checkpoint.every_n_steps=3")
 TIMING_KEYS = ("train/samples_per_s",)  # wall-clock throughput: the one logged value that may differ
 
@@ -72,7 +73,7 @@ def reference(tmp_path_factory) -> dict[int, Path]:
 def test_sigkill_mid_epoch_then_resume_auto_is_bitwise_exact(tmp_path, reference, accumulate):
     run_dir = tmp_path / "run"
     proc = start(tmp_path, run_dir, f"trainer.grad_accum_steps={accumulate}")
-    wait_for_checkpoint(run_dir, 9 if accumulate == 1 else 4, proc)
+    wait_for_checkpoint(run_dir, 6 if accumulate == 1 else 3, proc)
     proc.send_signal(signal.SIGKILL)  # wherever it is: mid-step, mid-save, between micro-batches
     proc.wait()
     proc.stdout.close()
@@ -82,6 +83,8 @@ def test_sigkill_mid_epoch_then_resume_auto_is_bitwise_exact(tmp_path, reference
                      cwd=tmp_path)
     assert result.returncode == 0, result.output
     assert "resumed from" in result.output and "its config.yaml is kept" in result.output
+    assert (run_dir / "config.yaml").read_text() == (reference[accumulate] / "config.yaml").read_text().replace(
+        str(reference[accumulate]), str(run_dir))
     assert_same_run(run_dir, reference[accumulate])
 
 
@@ -96,7 +99,7 @@ def test_sigterm_finishes_the_step_saves_exits_75_and_resume_auto_continues(tmp_
     step = int(output.split("stopped by SIGTERM after optimizer step ")[1].split(";")[0])
     path, manifest = complete_checkpoints(run_dir / "checkpoints")[-1]
     assert manifest["step"] == step and read_pointer(run_dir / "checkpoints") == path.name
-    assert step < 64 and not (run_dir / "export" / "final.safetensors").exists()
+    assert step < 32 and not (run_dir / "export" / "final.safetensors").exists()
 
     result = run_cli(*RUN, f"hydra.run.dir={run_dir}", "resume=auto", cwd=tmp_path)
     assert result.returncode == 0, result.output
@@ -109,7 +112,7 @@ def test_resuming_a_finished_run_says_so_and_does_nothing(tmp_path, reference):
               and path.name != "runner.log"}
     result = run_cli(*RUN, f"hydra.run.dir={run_dir}", "resume=auto", cwd=tmp_path)
     assert result.returncode == 0, result.output
-    assert "the run already finished at step 64" in result.output
+    assert "the run already finished at step 32" in result.output
     after = {path: path.stat().st_mtime_ns for path in run_dir.rglob("*") if ".hydra" not in path.parts
              and path.name != "runner.log"}
     assert after == before  # no file written, touched or removed
@@ -121,3 +124,15 @@ def test_a_fresh_run_refuses_a_run_dir_that_holds_checkpoints(tmp_path, referenc
     result = run_cli(*RUN, f"hydra.run.dir={reference[1]}", cwd=tmp_path)
     assert result.returncode == 1
     assert "resume: the run dir" in result.output and "continue it with resume=auto" in result.output
+
+
+def test_batches_can_start_inside_an_epoch():
+    data = {"x": torch.arange(20)}
+    whole = TensorBatches(data, batch_size=3, shuffle=True, seed=5)
+    whole.set_epoch(2)
+    every = [batch["x"] for batch in whole]
+    whole.set_epoch(2, start=4)
+    tail = [batch["x"] for batch in whole]
+    assert len(tail) == len(every) - 4 == 3 and all(torch.equal(a, b) for a, b in zip(tail, every[4:]))
+    whole.set_epoch(3)  # the next epoch starts at its beginning again
+    assert len(list(whole)) == 7
