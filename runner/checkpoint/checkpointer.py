@@ -157,7 +157,8 @@ def restore(path: Path, model: nn.Module, optimizer=None, scheduler=None, scaler
     if resolved is not None and manifest["config_hash"] != config_hash(resolved):
         _warn_config_changes(path, resolved)
     _load_weights(path, model)
-    state = torch.load(path / STATE_FILE, weights_only=True, map_location="cpu")
+    # mmap: tensors are read from the (usually cached) file as load_state_dict copies them, not read twice.
+    state = torch.load(path / STATE_FILE, weights_only=True, map_location="cpu", mmap=True)
     for obj, key in ((optimizer, "optimizer"), (scheduler, "scheduler"), (scaler, "scaler")):
         if obj is not None and state.get(key) is not None:
             try:
