@@ -204,19 +204,20 @@ class Loop:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "scaler": self.accelerator.scaler.state_dict() if self.accelerator.scaler is not None else None,
+            "per_rank": {"running_loss": self.running_loss.detach().cpu()},  # each rank's own share of the window
             "loop": {
                 **asdict(self.state),
-                "running_loss": self.running_loss.detach().cpu(),
                 "window_micro_batches": self.window_micro_batches,
                 "last_eval_step": self.last_eval_step,
                 "last_metrics": dict(self.last_metrics),
             },
         }
 
-    def load_state_dict(self, loop_state: dict) -> None:
-        """The "loop" part of `state_dict()` (model, optimizer, scheduler and scaler are restored by the caller)."""
+    def load_state_dict(self, loop_state: dict, this_rank: dict) -> None:
+        """The "loop" and this process's "per_rank" parts of `state_dict()` (model, optimizer, scheduler and
+        scaler are restored by the caller)."""
         self.state = TrainState(loop_state["step"], loop_state["epoch"], loop_state["batch_in_epoch"])
-        self.running_loss = loop_state["running_loss"].to(self.accelerator.device)
+        self.running_loss = this_rank["running_loss"].to(self.accelerator.device)
         self.window_micro_batches = loop_state["window_micro_batches"]
         self.last_eval_step, self.last_metrics = loop_state["last_eval_step"], dict(loop_state["last_metrics"])
         self.last_saved = replace(self.state)

@@ -71,7 +71,7 @@ def train(config: RunConfig, resolved: dict, run_dir: Path, accelerator: Acceler
         stop=stop,
     )
     if restored:
-        loop.load_state_dict(restored["loop"])
+        loop.load_state_dict(restored["loop"], restored["this_rank"])
         checkpointer.load_state_dict(restored["checkpointer"])
         apply_rng(restored)  # last: nothing after this draws random numbers before training continues
     else:

@@ -77,7 +77,7 @@ def test_the_state_file_needs_no_unsafe_globals(tmp_path):
                              {"step": 1, "epoch": 0, "batch_in_epoch": 1}, {})
     assert torch.serialization.get_unsafe_globals_in_checkpoint(str(path / STATE_FILE)) == []
     state = torch.load(path / STATE_FILE, weights_only=True)
-    assert state["scaler"]["scale"] == 65536.0 and set(state["rng"][0]) == {"python", "numpy", "torch", "cuda"}
+    assert state["scaler"]["scale"] == 65536.0 and set(state["per_rank"][0]["rng"]) == {"python", "numpy", "torch", "cuda"}
 
 
 def test_restore_brings_back_weights_optimizer_and_rng(tmp_path):

@@ -25,9 +25,17 @@ TIMING_KEYS = ("train/samples_per_s",)  # wall-clock throughput: the one logged 
 
 
 def start(cwd: Path, run_dir: Path, *overrides: str) -> subprocess.Popen:
+    """The CLI in its own session, so a kill can take its worker processes too (as when a node dies)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen([sys.executable, "-m", "runner", *RUN, f"hydra.run.dir={run_dir}", *overrides], cwd=cwd,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def kill_everything(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    proc.stdout.close()
 
 
 def wait_for_checkpoint(run_dir: Path, min_step: int, proc: subprocess.Popen, timeout: float = 300) -> int:
@@ -74,9 +82,7 @@ def test_sigkill_mid_epoch_then_resume_auto_is_bitwise_exact(tmp_path, reference
     run_dir = tmp_path / "run"
     proc = start(tmp_path, run_dir, f"trainer.grad_accum_steps={accumulate}")
     wait_for_checkpoint(run_dir, 6 if accumulate == 1 else 3, proc)
-    proc.send_signal(signal.SIGKILL)  # wherever it is: mid-step, mid-save, between micro-batches
-    proc.wait()
-    proc.stdout.close()
+    kill_everything(proc)  # wherever it is: mid-step, mid-save, between micro-batches
     assert not (run_dir / "export" / "final.safetensors").exists(), "the kill came too late to test anything"
 
     result = run_cli(*RUN, f"trainer.grad_accum_steps={accumulate}", f"hydra.run.dir={run_dir}", "resume=auto",
@@ -86,6 +92,31 @@ def test_sigkill_mid_epoch_then_resume_auto_is_bitwise_exact(tmp_path, reference
     assert (run_dir / "config.yaml").read_text() == (reference[accumulate] / "config.yaml").read_text().replace(
         str(reference[accumulate]), str(run_dir))
     assert_same_run(run_dir, reference[accumulate])
+
+
+def test_two_processes_killed_and_resumed_are_bitwise_exact_and_another_world_size_is_refused(tmp_path, tmp_path_factory):
+    two = ("hardware=multi_cpu", "hardware.num_processes=2")
+    reference = tmp_path_factory.mktemp("reference_ddp") / "run"
+    result = run_cli(*RUN, *two, f"hydra.run.dir={reference}", cwd=tmp_path)
+    assert result.returncode == 0, result.output
+    run_dir = tmp_path / "run"
+    proc = start(tmp_path, run_dir, *two)
+    wait_for_checkpoint(run_dir, 3, proc)
+    kill_everything(proc)
+    assert not (run_dir / "export" / "final.safetensors").exists(), "the kill came too late to test anything"
+
+    result = run_cli(*RUN, *two, f"hydra.run.dir={run_dir}", "resume=auto", cwd=tmp_path)
+    assert result.returncode == 0, result.output
+    assert "[rank1]" in result.output and "resumed from" in result.output
+    assert_same_run(run_dir, reference)
+    path, manifest = complete_checkpoints(run_dir / "checkpoints")[-1]
+    assert manifest["world_size"] == 2 and len(torch.load(path / "state.pt", weights_only=True)["per_rank"]) == 2
+    assert not list(run_dir.rglob("*rank1*.safetensors"))  # written once, by rank 0
+
+    result = run_cli(*RUN, f"hydra.run.dir={run_dir}", "resume=auto", cwd=tmp_path)
+    assert result.returncode == 1
+    assert "written by a run with 2 process(es) and this run has 1" in result.output
+    assert "resume with hardware.num_processes=2" in result.output
 
 
 def test_sigterm_finishes_the_step_saves_exits_75_and_resume_auto_continues(tmp_path, reference):

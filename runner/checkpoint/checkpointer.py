@@ -75,10 +75,12 @@ class Checkpointer:
         """Write one checkpoint. `position` holds step, epoch, batch_in_epoch; `metrics` those logged at this step."""
         if not self.settings.enabled:
             return None
-        rng = all_gather_objects(capture_rng())  # a collective: every process takes part
+        # A collective (every process takes part): what differs between ranks, RNG included, is kept per rank.
+        per_rank = all_gather_objects({**state.get("per_rank", {}), "rng": capture_rng()})
         path = None
         if self.writer:
-            path = self._write(model, {**state, "rng": rng, "checkpointer": self.state_dict()}, position, metrics)
+            state = {**state, "per_rank": per_rank, "checkpointer": self.state_dict()}
+            path = self._write(model, state, position, metrics)
             self._after_write(path, metrics, final)
             self.last_path = path
         barrier()
@@ -141,8 +143,8 @@ class Checkpointer:
 
 def restore(path: Path, model: nn.Module, optimizer=None, scheduler=None, scaler=None, *, rank: int = 0,
             world_size: int = 1, resolved: dict | None = None) -> dict:
-    """Load a (verified) checkpoint into these objects and restore this rank's RNG; returns the saved state dict
-    (its "loop" and "checkpointer" entries are for the loop and the checkpointer). Refuses a checkpoint written
+    """Load a (verified) checkpoint into these objects; returns the saved state dict: "loop" and "checkpointer"
+    for their owners, "this_rank" for what was saved per process (RNG: see apply_rng). Refuses a checkpoint written
     with another number of processes, and one whose weights do not fit the model."""
     manifest = files.read_manifest(path)
     if manifest is None:
@@ -166,7 +168,7 @@ def restore(path: Path, model: nn.Module, optimizer=None, scheduler=None, scaler
             except (ValueError, KeyError, RuntimeError) as err:
                 raise CheckpointError(f"resume: the {key} state in {path} does not fit this run's {key}: {err}") from err
     state["manifest"] = manifest
-    state["rng_this_rank"] = state["rng"][rank]
+    state["this_rank"] = state["per_rank"][rank]
     return state
 
 
@@ -206,4 +208,4 @@ def _flatten(tree, prefix: str = "") -> dict:
 
 def apply_rng(state: dict) -> None:
     """Restore this rank's RNG last, right before training continues, so nothing built after draws from it."""
-    restore_rng(state["rng_this_rank"])
+    restore_rng(state["this_rank"]["rng"])
