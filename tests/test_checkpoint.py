@@ -259,3 +259,44 @@ def test_large_files_are_hashed_in_blocks_and_any_altered_block_is_found(tmp_pat
     (path / STATE_FILE).write_bytes(bytes(data))
     assert "does not match its sha256" in damage(path)
     assert damage(path, check_hashes=False) is None  # sizes alone cannot see it
+
+
+def test_grad_scaler_state_comes_back(tmp_path):
+    model, optimizer = _objects()
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    scaler.scale(torch.ones(1))  # the scale tensor exists from the first use on
+    scaler.update(new_scale=256.0)
+    path = Checkpointer(tmp_path, CheckpointConfig(), writer=True, monitor="val/loss", monitor_mode=MonitorMode.min,
+                        world_size=1, resolved=RESOLVED).save(
+        model, {"optimizer": optimizer.state_dict(), "scaler": scaler.state_dict()},
+        {"step": 1, "epoch": 0, "batch_in_epoch": 1}, {})
+    fresh = torch.amp.GradScaler("cpu")
+    restore(path, model, optimizer, scaler=fresh)
+    assert fresh.get_scale() == 256.0
+
+
+def test_cuda_rng_is_saved_when_cuda_is_in_use(monkeypatch):
+    """No GPU here: stand-ins for torch.cuda check that every device's generator is captured and restored."""
+    saved_states = [torch.tensor([1], dtype=torch.uint8), torch.tensor([2], dtype=torch.uint8)]
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: saved_states)
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", restored.extend)
+    state = capture_rng()
+    assert state["cuda"] == saved_states
+    restore_rng(state)
+    assert restored == saved_states
+
+
+def test_bad_checkpoint_settings_are_reported_together():
+    from runner.checks import checkpoint_problems
+    from runner.config import RunConfig
+
+    config = RunConfig()
+    config.checkpoint = CheckpointConfig(every_n_steps=0, keep_last=0, keep_best=-1)
+    assert [str(problem) for problem in checkpoint_problems(config)] == [
+        "checkpoint.every_n_steps: is 0; it must be 1 or more, or null to turn it off",
+        "checkpoint.keep_last: is 0; it must be 1 or more, or null to turn it off",
+        "checkpoint.keep_best: is -1; it must be 0 (off) or more",
+    ]
