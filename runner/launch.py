@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import uuid
 from pathlib import Path
 
@@ -26,6 +27,7 @@ def launch(spec: RunSpec) -> dict[str, float]:
 
 def _elastic_launch(spec: RunSpec, num_processes: int) -> dict[str, float]:
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -43,6 +45,10 @@ def _elastic_launch(spec: RunSpec, num_processes: int) -> dict[str, float]:
     )
     try:
         results = elastic_launch(config, worker.run_spawned)(spec)
+    except SignalException as err:
+        # The agent got the stop signal and passed it on to the workers, which had its grace period (30 s) to
+        # finish their step and save before it returned.
+        raise Preempted(signal.Signals(err.sigval).name, None, Path(spec.run_dir) / "checkpoints") from None
     except ChildFailedError as err:
         rank, failure = err.get_first_failure()
         if all(f.exitcode == PREEMPTED_EXIT_CODE for f in err.failures.values()):

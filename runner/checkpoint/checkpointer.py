@@ -82,8 +82,9 @@ class Checkpointer:
             state = {**state, "per_rank": per_rank, "checkpointer": self.state_dict()}
             path = self._write(model, state, position, metrics)
             self._after_write(path, metrics, final)
-            self.last_path = path
         barrier()
+        # Every rank knows where rank 0 wrote (resuming assumes a file system all ranks share).
+        self.last_path = self.directory / files.checkpoint_name(position["step"])
         return path
 
     def _write(self, model: nn.Module, state: dict, position: dict, metrics: dict) -> Path:
