@@ -84,7 +84,9 @@ def test_schema_keys_are_frozen():
     )
     assert sorted(structured.hardware.keys()) == ["kind", "num_processes"]
     assert sorted(structured.precision.keys()) == ["fp8_emulation", "kind"]
-    assert sorted(structured.checkpoint.keys()) == ["enabled", "every_epoch"]
+    assert sorted(structured.checkpoint.keys()) == sorted(
+        ["enabled", "every_epoch", "every_n_steps", "keep_last", "keep_best", "verify", "export", "stop_signals"]
+    )
     assert sorted(structured.logging.keys()) == ["jsonl", "tensorboard"]
 
 
