@@ -89,9 +89,9 @@ class Loop:
             self.train_epoch()
             if self.finished:
                 break
-            evaluated = self.settings.eval_every_steps is None
-            if evaluated:
+            if self.settings.eval_every_steps is None:
                 self.evaluate_and_log()
+            evaluated = self.last_eval_step == self.state.step  # here, or on the epoch's last step
             if self.checkpointer.every_epoch or self.checkpointer.due(self.state.step, evaluated):
                 self.save()
         final = self.last_metrics if self.last_eval_step == self.state.step else self.evaluate_and_log()
@@ -103,7 +103,7 @@ class Loop:
         """Train until the epoch ends (then count it) or the step budget is spent."""
         settings, accumulate = self.settings, self.settings.grad_accum_steps
         start = self.state.batch_in_epoch
-        if start == 0:  # a resumed run continues the window it was averaging
+        if start == 0:  # a new epoch starts a new loss window; a resumed one continues the restored window
             self.running_loss.zero_()
             self.window_micro_batches = 0
         self.train_batches.set_epoch(self.state.epoch, start)

@@ -38,7 +38,7 @@ class StopSignals:
             self.received = signal.Signals(signum)
 
     def requested(self) -> bool:
-        if not self.distributed:
+        if not self.distributed or not self.signals:  # every rank has the same signal list: no need to agree
             return self.received is not None
         flag = torch.tensor([0.0 if self.received is None else 1.0], device=self.device)
         return all_reduce_sum(flag).item() > 0
