@@ -96,6 +96,7 @@ class Loop:
                 self.save()
         final = self.last_metrics if self.last_eval_step == self.state.step else self.evaluate_and_log()
         self.save(final=True)
+        self.checkpointer.wait()
         self.progress.close()
         return final
 
@@ -195,6 +196,7 @@ class Loop:
     def stop_now(self) -> None:
         """A stop signal arrived: save where we are (unless just saved) and leave the run through Preempted."""
         self.save()
+        self.checkpointer.wait()  # sealed, and every rank here, before any process exits
         self.progress.close()
         raise Preempted(self.stop.name, self.state.step, self.checkpointer.last_path)
 

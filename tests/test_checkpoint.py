@@ -51,7 +51,9 @@ def _save(checkpointer, model, optimizer, step, accuracy=None, final=False):
     metrics = {} if accuracy is None else {"val/accuracy": accuracy}
     position = {"step": step, "epoch": 0, "batch_in_epoch": step}
     state = {"optimizer": optimizer.state_dict(), "loop": {"step": step}}
-    return checkpointer.save(model, state, position, metrics, final=final)
+    path = checkpointer.save(model, state, position, metrics, final=final)
+    checkpointer.wait()  # sealing runs in the background; its errors surface here
+    return path
 
 
 def test_a_checkpoint_has_a_manifest_that_matches_its_files(tmp_path):
@@ -75,6 +77,7 @@ def test_the_state_file_needs_no_unsafe_globals(tmp_path):
     checkpointer = _checkpointer(tmp_path)
     path = checkpointer.save(model, {"optimizer": optimizer.state_dict(), "scaler": scaler.state_dict()},
                              {"step": 1, "epoch": 0, "batch_in_epoch": 1}, {})
+    checkpointer.wait()
     assert torch.serialization.get_unsafe_globals_in_checkpoint(str(path / STATE_FILE)) == []
     state = torch.load(path / STATE_FILE, weights_only=True)
     assert state["scaler"]["scale"] == 65536.0 and set(state["per_rank"][0]["rng"]) == {"python", "numpy", "torch", "cuda"}
@@ -266,10 +269,11 @@ def test_grad_scaler_state_comes_back(tmp_path):
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
     scaler.scale(torch.ones(1))  # the scale tensor exists from the first use on
     scaler.update(new_scale=256.0)
-    path = Checkpointer(tmp_path, CheckpointConfig(), writer=True, monitor="val/loss", monitor_mode=MonitorMode.min,
-                        world_size=1, resolved=RESOLVED).save(
-        model, {"optimizer": optimizer.state_dict(), "scaler": scaler.state_dict()},
-        {"step": 1, "epoch": 0, "batch_in_epoch": 1}, {})
+    checkpointer = Checkpointer(tmp_path, CheckpointConfig(), writer=True, monitor="val/loss",
+                                monitor_mode=MonitorMode.min, world_size=1, resolved=RESOLVED)
+    path = checkpointer.save(model, {"optimizer": optimizer.state_dict(), "scaler": scaler.state_dict()},
+                             {"step": 1, "epoch": 0, "batch_in_epoch": 1}, {})
+    checkpointer.wait()
     fresh = torch.amp.GradScaler("cpu")
     restore(path, model, optimizer, scaler=fresh)
     assert fresh.get_scale() == 256.0
@@ -300,3 +304,24 @@ def test_bad_checkpoint_settings_are_reported_together():
         "checkpoint.keep_last: is 0; it must be 1 or more, or null to turn it off",
         "checkpoint.keep_best: is -1; it must be 0 (off) or more",
     ]
+
+
+def test_sealing_runs_in_the_background_and_the_checkpoint_appears_only_when_sealed(tmp_path, monkeypatch):
+    import threading
+
+    release = threading.Event()
+    real_seal = files.seal
+
+    def slow_seal(*args):
+        release.wait(timeout=30)
+        return real_seal(*args)
+
+    monkeypatch.setattr(files, "seal", slow_seal)
+    model, optimizer = _objects()
+    checkpointer = _checkpointer(tmp_path)
+    path = checkpointer.save(model, {"optimizer": optimizer.state_dict()}, {"step": 4, "epoch": 0, "batch_in_epoch": 4}, {})
+    assert path.name == "step_00000004" and not path.exists()  # returned while the files are not sealed yet
+    assert complete_checkpoints(tmp_path / "checkpoints") == [] and find_resume("auto", tmp_path) is None
+    release.set()
+    checkpointer.wait()
+    assert damage(path) is None and read_pointer(tmp_path / "checkpoints") == path.name

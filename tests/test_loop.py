@@ -35,6 +35,9 @@ class RecordingCheckpointer:
         self.steps.append((position["step"], position["epoch"]))
         return None
 
+    def wait(self):
+        pass
+
 
 def _loop(settings: TrainerConfig, rows: int = 64, every_epoch: bool = True):
     torch.manual_seed(0)

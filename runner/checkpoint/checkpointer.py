@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 import math
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -52,6 +53,10 @@ class Checkpointer:
         self.resolved = resolved
         self.best: dict | None = None  # {"step", "value"} of the best monitored value saved so far
         self.last_path: Path | None = None  # the newest checkpoint written by this process
+        # Sealing (hashing, fsync, manifest, rename, export, pruning) runs in one background thread while
+        # training goes on; the next save, wait() and the end of the run wait for it.
+        self._sealer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint") if self.writer else None
+        self._pending: Future | None = None
         if self.writer and self.directory.is_dir():
             for leftover in files.remove_leftovers(self.directory):
                 log.warning("removed %s, left by an interrupted checkpoint write", leftover)
@@ -72,22 +77,42 @@ class Checkpointer:
         self.best = state.get("best")
 
     def save(self, model: nn.Module, state: dict, position: dict, metrics: dict, final: bool = False) -> Path | None:
-        """Write one checkpoint. `position` holds step, epoch, batch_in_epoch; `metrics` those logged at this step."""
+        """Write one checkpoint. `position` holds step, epoch, batch_in_epoch; `metrics` those logged at this step.
+        Returns once the files are written (training may go on); the checkpoint appears when sealed."""
         if not self.settings.enabled:
             return None
         # A collective (every process takes part): what differs between ranks, RNG included, is kept per rank.
         per_rank = all_gather_objects({**state.get("per_rank", {}), "rng": capture_rng()})
         path = None
         if self.writer:
+            self._finish_pending()
+            improved = self._track_best(position["step"], metrics.get(self.monitor))
             state = {**state, "per_rank": per_rank, "checkpointer": self.state_dict()}
-            path = self._write(model, state, position, metrics)
-            self._after_write(path, metrics, final)
+            path = self._write(model, state, position, metrics, improved, final)
         barrier()
         # Every rank knows where rank 0 wrote (resuming assumes a file system all ranks share).
         self.last_path = self.directory / files.checkpoint_name(position["step"])
         return path
 
-    def _write(self, model: nn.Module, state: dict, position: dict, metrics: dict) -> Path:
+    def wait(self) -> None:
+        """Until the last checkpoint is sealed (a background failure is raised here), then line all ranks up."""
+        if self.writer:
+            self._finish_pending()
+        barrier()
+
+    def _finish_pending(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def _track_best(self, step: int, value: float | None) -> bool:
+        improved = value is not None and math.isfinite(value) and (
+            self.best is None or (value > self.best["value"] if self.maximize else value < self.best["value"]))
+        if improved:
+            self.best = {"step": step, "value": value}
+        return improved
+
+    def _write(self, model: nn.Module, state: dict, position: dict, metrics: dict, improved: bool, final: bool) -> Path:
         value = metrics.get(self.monitor)
         manifest = {
             **position,
@@ -102,21 +127,21 @@ class Checkpointer:
             STATE_FILE: lambda path: torch.save(state, path),
             CONFIG_FILE: lambda path: path.write_text(yaml.safe_dump(self.resolved, sort_keys=False), encoding="utf-8"),
         }
-        return files.write_checkpoint(self.directory, files.checkpoint_name(position["step"]), writers, manifest)
+        name = files.checkpoint_name(position["step"])
+        files.write_files(self.directory, name, writers)
+        about = {"step": position["step"], self.monitor: value}
+        self._pending = self._sealer.submit(self._seal, name, manifest, about, improved, final)
+        return self.directory / name
 
-    def _after_write(self, path: Path, metrics: dict, final: bool) -> None:
-        value = metrics.get(self.monitor)
-        improved = value is not None and math.isfinite(value) and (
-            self.best is None or (value > self.best["value"] if self.maximize else value < self.best["value"]))
-        step = files.read_manifest(path)["step"]
-        if improved:
-            self.best = {"step": step, "value": value}
+    def _seal(self, name: str, manifest: dict, about: dict, best: bool, final: bool) -> Path:
+        path = files.seal(self.directory, name, manifest)
         try:
-            if self.settings.export and (improved or final):
-                self._export(path, {"step": step, self.monitor: value}, improved, final)
+            if self.settings.export and (best or final):
+                self._export(path, about, best, final)
             self._apply_retention()
         except OSError as err:
             raise CheckpointError(f"checkpoint: saved {path}, but exporting or pruning failed: {err}") from err
+        return path
 
     def _export(self, path: Path, about: dict, best: bool, final: bool) -> None:
         """Weights as standalone safetensors files plus the resolved config, readable without the runner."""

@@ -42,11 +42,15 @@ def checkpoint_name(step: int) -> str:
 
 
 def write_checkpoint(directory: Path, name: str, writers: dict[str, Callable[[Path], None]], manifest: dict) -> Path:
-    """Write one checkpoint atomically: each `writers[file](path)` writes one file; the manifest goes last.
+    """Write one checkpoint atomically: `write_files`, then `seal`."""
+    write_files(directory, name, writers)
+    return seal(directory, name, manifest)
 
-    Any OSError (a full disk included) removes the partial directory and raises CheckpointError; earlier
-    checkpoints and `latest` are untouched."""
-    final = directory / name
+
+def write_files(directory: Path, name: str, writers: dict[str, Callable[[Path], None]]) -> None:
+    """Each `writers[file](path)` writes one file into `.partial-<name>/`: the part that must finish before training
+    changes any tensor again. Any OSError (a full disk included) removes the partial directory and raises
+    CheckpointError; earlier checkpoints and `latest` are untouched."""
     partial = directory / f"{PARTIAL_PREFIX}{name}"
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -54,7 +58,18 @@ def write_checkpoint(directory: Path, name: str, writers: dict[str, Callable[[Pa
         partial.mkdir()
         for file_name, write in writers.items():
             write(partial / file_name)
-        files = _hash_and_flush([partial / file_name for file_name in writers])
+    except OSError as err:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise CheckpointError(_write_failure(directory / name, err, directory)) from err
+
+
+def seal(directory: Path, name: str, manifest: dict) -> Path:
+    """Hash and fsync the written files, write the manifest last, rename the directory into place, fsync the
+    parent, move `latest`. Touches nothing the training uses, so it may run in a background thread."""
+    final = directory / name
+    partial = directory / f"{PARTIAL_PREFIX}{name}"
+    try:
+        files = _hash_and_flush(sorted(path for path in partial.iterdir()))
         _write_text_durably(partial / MANIFEST, json.dumps({"format": FORMAT_VERSION, **manifest, "files": files},
                                                            indent=1))
         fsync_path(partial)
@@ -68,14 +83,18 @@ def write_checkpoint(directory: Path, name: str, writers: dict[str, Callable[[Pa
 
 
 def _hash_and_flush(paths: list[Path]) -> dict[str, dict]:
-    """Block hashes and fsync of every file, in threads: hashing (CPU, from the page cache) overlaps the wait for
-    the disk, and both release the GIL."""
+    """Block hashes (every core) and fsync of every file, in threads: hashing (CPU, from the page cache) overlaps
+    the wait for the disk, and both release the GIL."""
     with ThreadPoolExecutor(max_workers=len(paths)) as pool:
         flushed = [pool.submit(fsync_path, path) for path in paths]
         digests = block_digests(paths)
         for future in flushed:
             future.result()
     return {path.name: {"size": path.stat().st_size, "sha256": digests[path]} for path in paths}
+
+
+def _offsets(path: Path) -> range:
+    return range(0, max(path.stat().st_size, 1), BLOCK)
 
 
 def _replace_dir(partial: Path, final: Path) -> None:
@@ -115,7 +134,7 @@ def _write_failure(final: Path, err: OSError, directory: Path) -> str:
 def block_digests(paths: list[Path]) -> dict[Path, list[str]]:
     """sha256 of each BLOCK-byte block of each file, hashed in parallel (one block per task), so checking a large
     checkpoint uses every core instead of one."""
-    tasks = [(path, offset) for path in paths for offset in range(0, max(path.stat().st_size, 1), BLOCK)]
+    tasks = [(path, offset) for path in paths for offset in _offsets(path)]
     with ThreadPoolExecutor(max_workers=min(len(tasks), os.cpu_count() or 1)) as pool:
         hashed = list(pool.map(lambda task: _block_sha256(*task), tasks))
     digests: dict[Path, list[str]] = {path: [] for path in paths}
