@@ -2,7 +2,7 @@
 
 from runner.accelerator import Accelerator, set_seed
 from runner.config import CheckpointConfig, HardwareConfig, LoggingConfig, PrecisionConfig, RunConfig, TrainerConfig
-from runner.errors import CheckpointError, ConfigError, DataError, LaunchError, RunnerError
+from runner.errors import CheckpointError, ConfigError, DataError, HardwareError, LaunchError, RunnerError
 
 __all__ = [
     "Accelerator",
@@ -17,5 +17,6 @@ __all__ = [
     "ConfigError",
     "DataError",
     "LaunchError",
+    "HardwareError",
     "CheckpointError",
 ]

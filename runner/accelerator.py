@@ -1,59 +1,136 @@
-"""The Accelerator: device placement, DDP, autocast, gradient scaling and backward, usable in any loop.
+"""The Accelerator: device placement, DDP, autocast, gradient scaling, accumulation and collectives, in any loop.
 
-    accelerator = Accelerator()
-    model, optimizer, data = accelerator.prepare(model, optimizer, data)
-    for source, targets in data:
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(source), targets)
-        accelerator.backward(loss)
-        optimizer.step()
+    accelerator = Accelerator(mixed_precision="bf16", gradient_accumulation_steps=4)
+    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    for source, targets in loader:
+        with accelerator.accumulate(model):
+            with accelerator.autocast():
+                loss = F.cross_entropy(model(source), targets)
+            accelerator.backward(loss)
+            optimizer.step()        # a no-op until the 4th micro-batch
+            scheduler.step()
+            optimizer.zero_grad()
 
-In fp32 on one CPU process `prepare` hands back the very objects it was given, so the hot path costs nothing.
+In fp32 without accumulation on one CPU process `prepare` hands back the very objects it was given, so the hot path
+costs nothing. Wrappers (runner/prepared.py) appear only where the plain object would do the wrong thing.
 """
 
 from __future__ import annotations
 
 import builtins
-from typing import Any, Iterator
+import random
+from contextlib import ExitStack, contextmanager, nullcontext
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
+from runner import dist as distributed
+from runner import state as saved_state
 from runner.data.batches import _Batches
 from runner.dist import DistInfo
 from runner.precision import Precision
+from runner.prepared import (
+    AcceleratedOptimizer, AcceleratedScheduler, DeviceBatches, SharedState, shard_dataloader, tree_map,
+)
+
+ACCELERATE_PRECISION = {"no": "fp32", None: "fp32"}  # Accelerate's mixed_precision names that differ from ours
+_NO_SYNC = nullcontext()
 
 
-def default_device(dist: DistInfo) -> torch.device:
+def default_device(info: DistInfo) -> torch.device:
     """This process's CUDA device when CUDA is present, else the CPU."""
     if torch.cuda.is_available():
-        return torch.device("cuda", dist.local_rank % torch.cuda.device_count())
+        return torch.device("cuda", info.local_rank % torch.cuda.device_count())
     return torch.device("cpu")
 
 
 class Accelerator:
-    def __init__(self, device: str | torch.device | None = None, precision: str = "fp32", dist: DistInfo | None = None):
+    def __init__(
+        self,
+        device: str | torch.device | None = None,
+        precision: str | None = None,
+        dist: DistInfo | None = None,
+        grad_accum_steps: int = 1,
+        *,
+        mixed_precision: str | None = None,
+        gradient_accumulation_steps: int | None = None,
+        tpu: bool = False,
+    ):
+        """`precision`/`mixed_precision`: fp32 (Accelerate's "no"), bf16, fp16, fp8. `tpu=True` (or an XLA
+        device) steps through torch_xla. `mixed_precision` and `gradient_accumulation_steps` are Accelerate's names."""
         self.dist = dist or DistInfo.from_env()
-        self.device = torch.device(device) if device is not None else default_device(self.dist)
-        self.precision = Precision(precision, self.device.type)
+        self.xla = None
+        if tpu or (device is not None and torch.device(device).type == "xla"):
+            from runner.xla import Xla
+
+            self.xla = Xla()
+        if device is not None:
+            self.device = torch.device(device)
+        else:
+            self.device = self.xla.device() if self.xla else default_device(self.dist)
+        kind = precision or ACCELERATE_PRECISION.get(mixed_precision, mixed_precision)
+        self.precision = Precision(kind, self.device.type)
         self.scaler = self.precision.make_scaler()
-        self._optimizers: list[ScaledOptimizer] = []
+        self.gradient_accumulation_steps = gradient_accumulation_steps or grad_accum_steps
+        self.shared = SharedState()
+        self._micro_steps = 0
+        self._models: list[nn.Module] = []
+        self._optimizers: list = []
+        self._schedulers: list = []
+
+    # -- who am I -------------------------------------------------------------------------------------------------
 
     @property
     def is_main_process(self) -> bool:
         return self.dist.is_main
 
     @property
+    def is_local_main_process(self) -> bool:
+        return self.dist.is_local_main
+
+    @property
+    def process_index(self) -> int:
+        return self.dist.rank
+
+    @property
+    def local_process_index(self) -> int:
+        return self.dist.local_rank
+
+    @property
     def num_processes(self) -> int:
         return self.dist.world_size
+
+    @property
+    def mixed_precision(self) -> str:
+        return self.precision.kind.value
+
+    @property
+    def sync_gradients(self) -> bool:
+        """True on the micro-step that ends an accumulation cycle (always, without accumulation)."""
+        return self.shared.sync_gradients
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """Whether the last optimizer step was skipped (fp16 found inf/nan gradients)."""
+        return any(getattr(optimizer, "step_was_skipped", False) for optimizer in self._optimizers)
+
+    def describe(self) -> str:
+        """The startup line: device, autocast dtype, scaler, fp8 modules, processes, accumulation."""
+        return (f"device {self.device} | {self.precision.describe()} | {self.num_processes} process(es)"
+                f" | grad accumulation {self.gradient_accumulation_steps}")
 
     def print(self, *args, **kwargs) -> None:
         """print() on the main process only."""
         if self.is_main_process:
             builtins.print(*args, **kwargs)
 
+    # -- prepare --------------------------------------------------------------------------------------------------
+
     def prepare(self, *objects: Any) -> Any:
-        """Ready models, optimizers, batch sources and schedulers for this device; returned in the order given."""
+        """Ready models, optimizers, data loaders / batch sources and LR schedulers for this device, in any order;
+        returned in the order given."""
         prepared = tuple(self._prepare_one(obj) for obj in objects)
         return prepared[0] if len(prepared) == 1 else prepared
 
@@ -65,128 +142,147 @@ class Accelerator:
         if isinstance(obj, _Batches):
             return self._on_device(obj.shard(self.dist.rank, self.dist.world_size))
         if isinstance(obj, torch.utils.data.DataLoader):
+            if self.dist.is_distributed:
+                obj = shard_dataloader(obj, self.dist.rank, self.dist.world_size, self.shared)
             return self._on_device(obj)
-        if isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or obj is None:
+        if isinstance(obj, torch.optim.lr_scheduler.LRScheduler):
+            return self._prepare_scheduler(obj)
+        if obj is None:
             return obj
         raise TypeError(
             f"Accelerator.prepare() got a {type(obj).__name__}; it takes torch.nn.Module, torch.optim.Optimizer, "
             "torch.utils.data.DataLoader, runner batch sources, LR schedulers and None"
         )
 
+    def convert_precision(self, model: nn.Module) -> nn.Module:
+        """fp8: swap eligible Linear layers for Float8Linear (in place). Call before building the optimizer."""
+        return self.precision.convert(model)
+
     def _prepare_model(self, model: nn.Module) -> nn.Module:
-        model = model.to(self.device)
+        model = self.convert_precision(model).to(self.device)
+        self._models.append(model)
         if self.dist.is_distributed:
             device_ids = [self.device.index] if self.device.type == "cuda" else None
             model = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
         return model
 
     def _prepare_optimizer(self, optimizer: torch.optim.Optimizer):
-        if self.scaler is None:
-            return optimizer
-        wrapped = ScaledOptimizer(optimizer, self.scaler)
-        self._optimizers.append(wrapped)
-        return wrapped
+        if self.scaler is not None or self.xla is not None or self.gradient_accumulation_steps > 1:
+            optimizer = AcceleratedOptimizer(optimizer, self.shared, self.scaler, self.xla)
+        self._optimizers.append(optimizer)
+        return optimizer
+
+    def _prepare_scheduler(self, scheduler):
+        if self.scaler is not None or self.gradient_accumulation_steps > 1:
+            scheduler = AcceleratedScheduler(scheduler, self.shared, self._optimizers)
+        self._schedulers.append(scheduler)
+        return scheduler
 
     def _on_device(self, batches):
+        if self.xla is not None:
+            return self.xla.loader(batches, self.device)
         return batches if self.device.type == "cpu" else DeviceBatches(batches, self.device)
 
+    # -- the step -------------------------------------------------------------------------------------------------
+
     def autocast(self):
-        """The precision's autocast context (a no-op in fp32)."""
+        """The precision's autocast context (a no-op in fp32). Use it for evaluation too."""
         return self.precision.autocast()
 
-    def backward(self, loss: torch.Tensor) -> None:
+    def accumulate(self, *models: nn.Module):
+        """Context for one micro-batch: counts it, and on all but the last of a cycle skips DDP's gradient
+        all-reduce (no_sync), while prepared optimizers and schedulers hold their step until the cycle ends."""
+        self._micro_steps += 1
+        self.shared.sync_gradients = self._micro_steps % self.gradient_accumulation_steps == 0
+        if self.shared.sync_gradients:
+            return _NO_SYNC
+        stack = ExitStack()
+        for model in models:
+            if isinstance(model, nn.parallel.DistributedDataParallel):
+                stack.enter_context(model.no_sync())
+        return stack
+
+    def backward(self, loss: torch.Tensor, **kwargs) -> None:
+        """loss.backward(), divided over the accumulation cycle and scaled under fp16."""
+        if self.gradient_accumulation_steps > 1:
+            loss = loss / self.gradient_accumulation_steps
         if self.scaler is None:
-            loss.backward()
+            loss.backward(**kwargs)
         else:
-            self.scaler.scale(loss).backward()
-
-    def clip_grad_norm_(self, parameters, max_norm: float) -> torch.Tensor:
-        """Clip the global gradient norm; under fp16 the gradients are unscaled first so the norm is real."""
-        for optimizer in self._optimizers:
-            optimizer.unscale_gradients()
-        return nn.utils.clip_grad_norm_(parameters, max_norm)
-
-    def set_seed(self, seed: int) -> None:
-        set_seed(seed)
-
-    def unwrap_model(self, model: nn.Module) -> nn.Module:
-        """The user's module, without the DDP wrapper `prepare` may have added."""
-        return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
-
-
-class ScaledOptimizer:
-    """An optimizer whose `step()` goes through the GradScaler, so a hand-written loop runs unchanged under fp16."""
-
-    def __init__(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler):
-        self.optimizer = optimizer
-        self.scaler = scaler
-        self._unscaled = False
-        self.step_was_skipped = False
+            self.scaler.scale(loss).backward(**kwargs)
 
     def unscale_gradients(self) -> None:
-        if not self._unscaled:
-            self.scaler.unscale_(self.optimizer)
-            self._unscaled = True
+        """Under fp16, divide the gradients by the loss scale now (clip_grad_norm_ does it for you)."""
+        for optimizer in self._optimizers:
+            if isinstance(optimizer, AcceleratedOptimizer):
+                optimizer.unscale_gradients()
 
-    def step(self, closure=None) -> None:
-        scale_before = self.scaler.get_scale()
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        # The scaler lowers its scale exactly when it found inf/nan gradients and skipped the step.
-        self.step_was_skipped = self.scaler.get_scale() < scale_before
-        self._unscaled = False
+    def clip_grad_norm_(self, parameters, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip the global gradient norm; under fp16 the gradients are unscaled first so the norm is real."""
+        self.unscale_gradients()
+        return nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optimizer.zero_grad(set_to_none=set_to_none)
+    def clip_grad_value_(self, parameters, clip_value: float) -> None:
+        self.unscale_gradients()
+        nn.utils.clip_grad_value_(parameters, clip_value)
 
-    def state_dict(self) -> dict:
-        return self.optimizer.state_dict()
+    def unwrap_model(self, model: nn.Module) -> nn.Module:
+        """The user's module, without the DDP (or torch.compile) wrapper around it."""
+        if isinstance(model, nn.parallel.DistributedDataParallel):
+            model = model.module
+        return getattr(model, "_orig_mod", model)
 
-    def load_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state)
+    # -- across processes -----------------------------------------------------------------------------------------
 
-    @property
-    def param_groups(self):
-        return self.optimizer.param_groups
+    def gather(self, tensors: Any) -> Any:
+        """Every process's tensors concatenated along dim 0, in rank order (0-d tensors become 1 element each)."""
+        return tree_map(distributed.all_gather_cat, tensors)
 
-    @property
-    def state(self):
-        return self.optimizer.state
+    def gather_for_metrics(self, tensors: Any) -> Any:
+        """`gather`, minus the samples a DistributedSampler repeated to even out the last batch."""
+        real = self.shared.real_samples
+        if real is not None:
+            tensors = tree_map(lambda tensor: tensor[:real], tensors)
+        return self.gather(tensors)
 
+    def reduce(self, tensors: Any, reduction: str = "sum") -> Any:
+        """A copy of the tensors reduced over all processes: "sum", "mean", "max" or "min"."""
+        return tree_map(lambda tensor: distributed.all_reduce(tensor.clone(), reduction), tensors)
 
-class DeviceBatches:
-    """Moves each batch (a tensor, or a dict/list/tuple of them) to the device as it is drawn."""
+    def wait_for_everyone(self) -> None:
+        distributed.barrier()
 
-    def __init__(self, batches, device: torch.device):
-        self.batches = batches
-        self.device = device
+    @contextmanager
+    def main_process_first(self):
+        """The main process runs the block first (e.g. to download or cache data), then the others."""
+        if not self.is_main_process:
+            distributed.barrier()
+        yield
+        if self.is_main_process:
+            distributed.barrier()
 
-    def __len__(self) -> int:
-        return len(self.batches)
+    # -- state ----------------------------------------------------------------------------------------------------
 
-    def set_epoch(self, epoch: int, start: int = 0) -> None:
-        if hasattr(self.batches, "set_epoch"):
-            self.batches.set_epoch(epoch, start)
+    def save_state(self, directory: str | Path) -> Path:
+        """Save every prepared model, optimizer and scheduler, the scaler and each process's RNG state."""
+        directory = Path(directory)
+        models = [self.unwrap_model(model) for model in self._models]
+        saved_state.save(directory, models, self._optimizers, self._schedulers, self.scaler,
+                         self.dist.rank, self.is_main_process)
+        self.wait_for_everyone()
+        return directory
 
-    def __iter__(self) -> Iterator[Any]:
-        for batch in self.batches:
-            yield _to_device(batch, self.device)
+    def load_state(self, directory: str | Path) -> None:
+        """Restore what save_state wrote into the objects prepared (in the same order) by this Accelerator."""
+        saved_state.load(Path(directory), [self.unwrap_model(m) for m in self._models], self._optimizers,
+                         self._schedulers, self.scaler, self.dist.rank)
 
-
-def _to_device(batch: Any, device: torch.device) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, dict):
-        return {key: _to_device(value, device) for key, value in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_to_device(value, device) for value in batch)
-    return batch
+    def set_seed(self, seed: int, device_specific: bool = False) -> None:
+        set_seed(seed + self.process_index if device_specific else seed)
 
 
 def set_seed(seed: int) -> None:
     """Seed python, numpy and torch (every CUDA device too) for a reproducible run."""
-    import random
-
     import numpy as np
 
     random.seed(seed)

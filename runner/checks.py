@@ -7,15 +7,21 @@ from __future__ import annotations
 
 from runner.build import target_problems
 from runner.config import RunConfig
-from runner.devices import hardware_problems
+from runner.config import HardwareKind
+from runner.devices import CUDA_KINDS, hardware_problems, resolve_kind, select_gpus
 from runner.errors import ConfigError, Problem
+from runner.precision import precision_problems
 
 POSITIVE_INTS = ("batch_size", "max_epochs", "log_every_steps", "grad_accum_steps", "data_in_memory_mb")
 POSITIVE_OR_NONE = ("max_steps", "eval_every_steps", "eval_batch_size", "max_grad_norm")
 
 
 def check(config: RunConfig) -> None:
-    problems = trainer_problems(config) + checkpoint_problems(config) + hardware_problems(config.hardware.kind)
+    hardware = config.hardware
+    problems = trainer_problems(config) + checkpoint_problems(config)
+    problems += select_gpus(hardware.kind, config.gpu_ids, hardware.num_processes).problems
+    problems += hardware_problems(hardware.kind, hardware.num_processes)
+    problems += precision_problems(config.precision.kind, config.precision.fp8_emulation, device_type(hardware.kind))
     problems += target_problems(
         {key: getattr(config, key) for key in ("model", "optimizer", "scheduler", "data", "task")},
         config.allowed_targets,
@@ -53,3 +59,9 @@ def checkpoint_problems(config: RunConfig) -> list[Problem]:
     if settings.keep_best > 0 and not settings.enabled:
         problems.append(Problem("checkpoint.keep_best", "needs checkpoint.enabled=true"))
     return problems
+
+
+def device_type(kind: HardwareKind) -> str:
+    """The torch device type a hardware choice runs on: cpu, cuda or xla."""
+    kind = resolve_kind(kind)
+    return "cuda" if kind in CUDA_KINDS else "xla" if kind is HardwareKind.tpu else "cpu"

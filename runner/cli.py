@@ -17,8 +17,10 @@ from omegaconf import DictConfig, OmegaConf
 from runner.checks import check
 from runner.config import RunConfig, RunSpec, register_configs
 from runner.checkpoint import find_resume
+from runner.devices import apply_gpus, select_gpus
 from runner.errors import PREEMPTED_EXIT_CODE, ConfigError, Preempted, RunnerError
 from runner.launch import launch
+from runner.report import finished_result
 
 log = logging.getLogger("runner")
 
@@ -33,7 +35,17 @@ def main(cfg: DictConfig) -> float:
     run_dir = Path(HydraConfig.get().runtime.output_dir).resolve()
     try:
         spec = freeze(cfg, run_dir)
+        if spec.config.resume == "auto":
+            done = finished_result(run_dir, list(HydraConfig.get().overrides.task))
+            if done is not None:
+                log.info("resume=auto: %s already finished with %s=%.4f; not running it again", run_dir, done.monitor, done.value)
+                return done.value
+        hardware = spec.config.hardware
+        gpus = select_gpus(hardware.kind, spec.config.gpu_ids, hardware.num_processes)
+        apply_gpus(gpus)  # CUDA reads CUDA_VISIBLE_DEVICES once, when it initialises: before any check touches CUDA
         check(spec.config)
+        if gpus.physical:
+            log.info("%s", gpus.table(hardware.num_processes))
         resume_from = find_resume(spec.config.resume, run_dir, spec.config.checkpoint.verify)
         spec = replace(spec, resume_from=str(resume_from) if resume_from else None)
         _write_config(run_dir, spec.resolved, resume_from)
@@ -75,11 +87,12 @@ def monitored_value(final: dict[str, float], monitor: str) -> float:
 def _fail(err: RunnerError, run_dir: Path) -> float:
     """Say what went wrong in one paragraph; drop a run dir that holds nothing but Hydra's bookkeeping."""
     started = any((run_dir / name).exists() for name in ("metrics.jsonl", "checkpoints", "tensorboard"))
-    if not started:
+    multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    if not started and not multirun:  # a sweep keeps the job dir: its result.json records this error
         shutil.rmtree(run_dir, ignore_errors=True)
     print(f"runner: error: {err}", file=sys.stderr)
     if started:
         print(f"runner: the run dir {run_dir} keeps what the run wrote before it stopped", file=sys.stderr)
-    if HydraConfig.get().mode == RunMode.MULTIRUN:
+    if multirun:
         raise err  # the sweeper records this job as failed and runs the others
     raise SystemExit(1)

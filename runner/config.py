@@ -12,6 +12,7 @@ from enum import Enum
 from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 
 
 class HardwareKind(str, Enum):
@@ -151,8 +152,16 @@ class RunConfig:
 
 
 def register_configs() -> None:
-    """Register the schema so `conf/config.yaml` can list `runner_schema` first in its defaults."""
+    """Register the schema so `conf/config.yaml` can list `runner_schema` first in its defaults, and the
+    `runner_direction` resolver the search configs use to optimize in the direction of `trainer.monitor_mode`."""
     ConfigStore.instance().store(name="runner_schema", node=RunConfig)
+    if not OmegaConf.has_resolver("runner_direction"):
+        OmegaConf.register_new_resolver("runner_direction", optuna_direction)
+
+
+def optuna_direction(mode: MonitorMode | str) -> str:
+    """`${runner_direction:${trainer.monitor_mode}}` -> maximize / minimize, as Optuna's sweeper spells them."""
+    return "maximize" if MonitorMode(mode) == MonitorMode.max else "minimize"
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,10 @@ class DataError(RunnerError):
     """A dataset could not be found or loaded."""
 
 
+class HardwareError(RunnerError):
+    """The machine lacks what the run asked for (a GPU, torch_xla, fp8 support), found once a worker started."""
+
+
 class LaunchError(RunnerError):
     """Processes could not be started, or a rank failed."""
 

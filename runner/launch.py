@@ -25,12 +25,22 @@ def launch(spec: RunSpec) -> dict[str, float]:
     return _elastic_launch(spec, hardware.num_processes)
 
 
+def _leave_loky_context() -> None:
+    """Inside a joblib (loky) worker, as under hydra/launcher=parallel, the default start method is "loky", which
+    torch's spawn cannot use ("cannot find context for 'loky'", pytorch #44687)."""
+    import multiprocessing
+
+    if multiprocessing.get_start_method(allow_none=True) == "loky":
+        multiprocessing.set_start_method("spawn", force=True)
+
+
 def _elastic_launch(spec: RunSpec, num_processes: int) -> dict[str, float]:
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    _leave_loky_context()
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,

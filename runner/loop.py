@@ -112,10 +112,10 @@ class Loop:
         for index, batch in enumerate(self.train_batches, start=start):
             if index >= self.steps_per_epoch * accumulate:
                 break  # the tail that cannot fill a whole accumulation cycle
-            loss = self.micro_step(batch, accumulate)
+            loss = self.micro_step(batch)
             self.running_loss += loss.detach()
             self.window_micro_batches += 1
-            if (index + 1) % accumulate:
+            if not self.accelerator.sync_gradients:
                 continue
             grad_norm = self.optimizer_step()
             self.state.step += 1
@@ -140,10 +140,13 @@ class Loop:
         self.state.epoch += 1
         self.state.batch_in_epoch = 0
 
-    def micro_step(self, batch, accumulate: int) -> torch.Tensor:
-        with self.accelerator.autocast():
-            loss = self.task.training_loss(self.model, batch)
-        self.accelerator.backward(loss / accumulate if accumulate > 1 else loss)
+    def micro_step(self, batch) -> torch.Tensor:
+        # accumulate() skips DDP's gradient all-reduce on all but the last micro-batch of a cycle;
+        # backward() divides the loss over the cycle (and scales it under fp16).
+        with self.accelerator.accumulate(self.model):
+            with self.accelerator.autocast():
+                loss = self.task.training_loss(self.model, batch)
+            self.accelerator.backward(loss)
         return loss
 
     def optimizer_step(self) -> torch.Tensor | None:

@@ -93,6 +93,22 @@ def _drop_rows_after(path: Path, step: int) -> None:
         partial.replace(path)
 
 
+def write_hparams_session(log_dir: Path, hparams: dict[str, Any], metrics: dict[str, float]) -> None:
+    """One HParams session (a row in TensorBoard's HParams tab) in its own directory, replacing what was there."""
+    import shutil
+
+    from torch.utils.tensorboard import SummaryWriter
+    from torch.utils.tensorboard.summary import hparams as hparams_summaries
+
+    shutil.rmtree(log_dir, ignore_errors=True)  # a re-run job replaces its row instead of adding a second one
+    # What add_hparams writes, but into this writer's one event file (add_hparams opens a second writer).
+    with SummaryWriter(log_dir=str(log_dir)) as writer:
+        for summary in hparams_summaries(flatten_hparams(hparams), metrics):
+            writer.file_writer.add_summary(summary)
+        for name, value in metrics.items():
+            writer.add_scalar(name, value)
+
+
 def flatten_hparams(config: dict[str, Any], prefix: str = "") -> dict[str, int | float | str | bool]:
     """Nested keys as dotted names; lists, None and other non-scalars as strings (TensorBoard refuses them)."""
     flat: dict[str, int | float | str | bool] = {}

@@ -9,9 +9,9 @@ from pathlib import Path
 from runner.accelerator import Accelerator, set_seed
 from runner.build import build_data, build_model, build_optimizer, build_scheduler, build_task
 from runner.checkpoint import Checkpointer, apply_rng, restore
-from runner.config import RunConfig, RunSpec
+from runner.config import HardwareKind, RunConfig, RunSpec
 from runner.data.batches import make_batches
-from runner.devices import device_for
+from runner.devices import device_for, resolve_kind
 from runner.errors import PREEMPTED_EXIT_CODE, Preempted
 from runner.dist import DistInfo, destroy_process_group, init_process_group
 from runner.loop import Loop, is_finished, planned_steps
@@ -27,7 +27,10 @@ def run(spec: RunSpec) -> dict[str, float]:
     device = device_for(spec.config.hardware.kind, dist)
     init_process_group(dist, device.type)
     try:
-        accelerator = Accelerator(device, spec.config.precision.kind, dist)
+        accelerator = Accelerator(
+            device, spec.config.precision.kind, dist, spec.config.trainer.grad_accum_steps,
+            tpu=resolve_kind(spec.config.hardware.kind) is HardwareKind.tpu,
+        )
         return train(spec.config, spec.resolved, Path(spec.run_dir), accelerator, spec.resume_from)
     finally:
         destroy_process_group()
@@ -37,9 +40,11 @@ def train(config: RunConfig, resolved: dict, run_dir: Path, accelerator: Acceler
           resume_from: str | None = None) -> dict[str, float]:
     trainer, is_main = config.trainer, accelerator.is_main_process
     set_seed(config.seed)
-    log.info("device %s, %s, %d process(es)", accelerator.device, accelerator.precision.describe(), accelerator.num_processes)
-
-    model = build_model(config.model)
+    # fp8 swaps Linear layers for Float8Linear: before the optimizer is built from the parameters.
+    model = accelerator.convert_precision(build_model(config.model))
+    log.info("%s", accelerator.describe())
+    if accelerator.precision.speed_warning():
+        log.warning("%s", accelerator.precision.speed_warning())
     optimizer = build_optimizer(config.optimizer, model.parameters())
     splits = build_data(config.data)
     train_batches = make_batches(splits["train"], trainer.batch_size, True, config.seed, trainer.data_in_memory_mb)
@@ -51,7 +56,7 @@ def train(config: RunConfig, resolved: dict, run_dir: Path, accelerator: Acceler
         model, optimizer, train_batches, val_batches
     )
     _, total_steps = planned_steps(trainer, len(train_batches))
-    scheduler = build_scheduler(config.scheduler, optimizer, total_steps)
+    scheduler = accelerator.prepare(build_scheduler(config.scheduler, optimizer, total_steps))
 
     restored = _restore(resume_from, model, optimizer, scheduler, accelerator, resolved) if resume_from else None
     if restored and is_finished(restored["loop"]["step"], restored["loop"]["epoch"], total_steps, trainer.max_epochs):

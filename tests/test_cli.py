@@ -21,7 +21,7 @@ def test_default_run_writes_a_complete_run_dir(cli):
     assert config["model"]["_target_"] == "runner.models.SeqTransformer"
     assert config["model"]["max_len"] == 12  # ${data.seq_len} resolved once, in the parent
     assert (run_dir / ".hydra" / "overrides.yaml").is_file()
-    assert (run_dir / "runner.log").is_file()
+    assert "step 6: val/loss=" in (run_dir / "runner.log").read_text()  # Python logging lands in Hydra's job log
 
     losses = read_scalars(run_dir, "train/loss")
     assert [step for step, _ in losses] == [2, 4, 6]
@@ -84,3 +84,34 @@ def _three_class_csv(rows: int) -> str:
         values = [label + rng.gauss(0, 0.3) for _ in range(4)]
         lines.append(",".join(f"{v:.3f}" for v in values) + f",{['setosa', 'versicolor', 'virginica'][label]}")
     return "\n".join(lines) + "\n"
+
+
+def test_multirun_gives_each_job_its_own_run_dir(cli):
+    result = cli("-m", "optimizer.lr=1e-3,3e-3", *TINY, "trainer.max_steps=1")
+    assert result.returncode == 0, result.output
+    dirs = result.run_dirs()
+    assert [d.name for d in dirs] == ["0", "1"] and dirs[0].parent.parent.parent.name == "multirun"
+    lrs = [yaml.safe_load((d / "config.yaml").read_text())["optimizer"]["lr"] for d in dirs]
+    assert lrs == [1e-3, 3e-3]
+    assert all(read_scalars(d, "val/accuracy") for d in dirs)
+
+
+def test_main_returns_the_monitored_metric_for_sweepers(tmp_path):
+    """Sweepers (Optuna, ...) read the task function's return value: the final value of trainer.monitor."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    from runner.cli import CONFIG_DIR, main
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose("config", overrides=[*TINY, "trainer.max_steps=2", "trainer.monitor=val/loss"],
+                      return_hydra_config=True)
+    cfg.hydra.runtime.output_dir = str(tmp_path / "run")
+    (tmp_path / "run").mkdir()
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    value = main.__wrapped__(cfg)
+    (step, logged), = read_scalars(tmp_path / "run", "val/loss")
+    assert step == 2 and value == pytest.approx(logged, rel=1e-6)

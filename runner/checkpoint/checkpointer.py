@@ -61,6 +61,12 @@ class Checkpointer:
             for leftover in files.remove_leftovers(self.directory):
                 log.warning("removed %s, left by an interrupted checkpoint write", leftover)
 
+    @classmethod
+    def disabled(cls) -> "Checkpointer":
+        """One that never saves: for a Loop run in-process without checkpoints."""
+        return cls(Path("."), CheckpointConfig(enabled=False), writer=False, monitor="", monitor_mode=MonitorMode.max,
+                   world_size=1, resolved={})
+
     @property
     def every_epoch(self) -> bool:
         return self.settings.enabled and self.settings.every_epoch

@@ -1,0 +1,214 @@
+"""The wrappers `Accelerator.prepare` may hand back: they exist only when the plain object would do the wrong thing.
+
+- `AcceleratedOptimizer`: steps through the GradScaler (fp16) or torch_xla, and does nothing on the micro-steps of an
+  accumulation cycle that are not the last, so an Accelerate-style loop (`optimizer.step()` every batch) works.
+- `AcceleratedScheduler`: steps once per real optimizer step (not per micro-step, not after a skipped fp16 step).
+- `ShardedLoader`: a DataLoader re-made with a DistributedSampler, remembering which samples of the last batch
+  are the sampler's padding so `gather_for_metrics` can drop them.
+- `DeviceBatches`: moves each batch to the device as it is drawn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler
+
+
+@dataclass
+class SharedState:
+    """What the Accelerator and the objects it prepared need to agree on."""
+
+    sync_gradients: bool = True
+    """False on the micro-steps of an accumulation cycle that are not its last."""
+    real_samples: int | None = None
+    """How many samples of the current batch are real (not sampler padding); None when all are."""
+
+
+class AcceleratedOptimizer(torch.optim.Optimizer):
+    # Subclasses Optimizer (without its __init__) only so LR schedulers accept it, as Accelerate's does.
+    def __init__(self, optimizer: torch.optim.Optimizer, state: SharedState, scaler=None, xla=None):
+        self.optimizer = optimizer
+        self.shared = state
+        self.scaler = scaler
+        self.xla = xla
+        self._unscaled = False
+        self.step_was_skipped = False
+
+    def unscale_gradients(self) -> None:
+        """Divide the gradients by the loss scale (once per step), so clipping and norms see the real values."""
+        if self.scaler is not None and not self._unscaled:
+            self.scaler.unscale_(self.optimizer)
+            self._unscaled = True
+
+    def step(self, closure=None) -> None:
+        if not self.shared.sync_gradients:
+            return  # a micro-step inside an accumulation cycle: gradients keep adding up
+        if self.scaler is not None:
+            scale_before = self.scaler.get_scale()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            # The scaler lowers its scale exactly when it found inf/nan gradients and skipped the step.
+            self.step_was_skipped = self.scaler.get_scale() < scale_before
+            self._unscaled = False
+        elif self.xla is not None:
+            self.xla.optimizer_step(self.optimizer)
+        else:
+            self.optimizer.step(closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self.shared.sync_gradients:
+            self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.optimizer.load_state_dict(state_dict)
+
+    def add_param_group(self, param_group: dict) -> None:
+        self.optimizer.add_param_group(param_group)
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value):
+        self.optimizer.param_groups = value
+
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    @state.setter
+    def state(self, value):
+        self.optimizer.state = value
+
+    @property
+    def defaults(self):
+        return self.optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, value):
+        self.optimizer.defaults = value
+
+    def __repr__(self) -> str:
+        return f"AcceleratedOptimizer({self.optimizer!r})"
+
+
+class AcceleratedScheduler:
+    """Steps the schedule once per optimizer step that really happened."""
+
+    def __init__(self, scheduler, state: SharedState, optimizers: list):
+        self.scheduler = scheduler
+        self.shared = state
+        self.optimizers = optimizers
+
+    def step(self, *args, **kwargs) -> None:
+        if not self.shared.sync_gradients or any(getattr(opt, "step_was_skipped", False) for opt in self.optimizers):
+            return
+        self.scheduler.step(*args, **kwargs)
+
+    def state_dict(self) -> dict:
+        return self.scheduler.state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.scheduler.load_state_dict(state_dict)
+
+    def get_last_lr(self):
+        return self.scheduler.get_last_lr()
+
+    def __getattr__(self, name: str):
+        return getattr(self.scheduler, name)
+
+
+def shard_dataloader(loader: DataLoader, rank: int, world_size: int, state: SharedState) -> "ShardedLoader":
+    """The same loader, each process drawing its own 1/world_size of every epoch (DistributedSampler)."""
+    if isinstance(loader.dataset, IterableDataset) or loader.batch_size is None:
+        raise TypeError(
+            "Accelerator.prepare() shards a DataLoader over map-style datasets with batch_size set; for an "
+            "IterableDataset or a custom batch_sampler, shard the data yourself (see accelerator.process_index)"
+        )
+    sampler = DistributedSampler(
+        loader.dataset, num_replicas=world_size, rank=rank, shuffle=isinstance(loader.sampler, RandomSampler)
+    )
+    sharded = DataLoader(
+        loader.dataset, batch_size=loader.batch_size, sampler=sampler, num_workers=loader.num_workers,
+        collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, drop_last=loader.drop_last,
+        worker_init_fn=loader.worker_init_fn, persistent_workers=loader.persistent_workers,
+    )
+    return ShardedLoader(sharded, rank, world_size, len(loader.dataset), state)
+
+
+class ShardedLoader:
+    def __init__(self, loader: DataLoader, rank: int, world_size: int, num_samples: int, state: SharedState):
+        self.loader, self.shared = loader, state
+        # DistributedSampler pads the index list to a multiple of world_size by repeating its start; this
+        # process's j-th sample sits at position rank + j * world_size, so it is real while that is < num_samples.
+        self.real_here = len(range(rank, num_samples, world_size))
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[Any]:
+        # A new shuffle each pass, as Accelerate does, even when the loop never calls set_epoch.
+        self.loader.sampler.set_epoch(self.epoch)
+        self.epoch += 1
+        drawn = 0
+        try:
+            for batch in self.loader:
+                size = _batch_size(batch)
+                real = max(0, min(size, self.real_here - drawn))
+                self.shared.real_samples = real if real < size else None
+                drawn += size
+                yield batch
+        finally:
+            self.shared.real_samples = None
+
+
+def _batch_size(batch: Any) -> int:
+    if isinstance(batch, torch.Tensor):
+        return batch.shape[0]
+    if isinstance(batch, dict):
+        return _batch_size(next(iter(batch.values())))
+    if isinstance(batch, (list, tuple)):
+        return _batch_size(batch[0])
+    raise TypeError(f"cannot tell the batch size of a {type(batch).__name__}")
+
+
+class DeviceBatches:
+    """Moves each batch (a tensor, or a dict/list/tuple of them) to the device as it is drawn."""
+
+    def __init__(self, batches, device: torch.device):
+        self.batches = batches
+        self.device = device
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def set_epoch(self, epoch: int, *args) -> None:
+        # *args: whatever else the batch source's set_epoch takes (e.g. where in the epoch to resume).
+        if hasattr(self.batches, "set_epoch"):
+            self.batches.set_epoch(epoch, *args)
+
+    def __iter__(self) -> Iterator[Any]:
+        for batch in self.batches:
+            yield tree_map(lambda tensor: tensor.to(self.device, non_blocking=True), batch)
+
+
+def tree_map(fn, obj: Any) -> Any:
+    """Apply fn to every tensor in a tensor, or a dict/list/tuple of them; leave other leaves alone."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, dict):
+        return {key: tree_map(fn, value) for key, value in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(tree_map(fn, value) for value in obj)
+    return obj

@@ -1,0 +1,121 @@
+"""The sweep callback: Hydra tells it when a sweep starts, when each job ends and when the sweep ends.
+
+A Hydra-facing module, like cli.py: registered in `conf/config.yaml` under `hydra.callbacks`, it turns Hydra's
+job records into plain values and hands them to `runner.report`. It runs where each job runs (in-process, in a
+joblib worker, in a SLURM job), so each job writes its own `result.json` and refreshes the sweep report: the
+report is complete even when the sweep ends in an error (Hydra's basic sweeper raises after the last job when one
+failed, and then never calls `on_multirun_end`).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from runner import report
+from runner.dist import DistInfo
+from runner.errors import LaunchError
+from runner.launch import started_by_external_launcher
+
+log = logging.getLogger("runner")
+
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+
+
+class SweepReport(Callback):
+    """Per job: `result.json` (also for a failed job) and a row in the HParams view. Per sweep: the report."""
+
+    def __init__(self) -> None:
+        self._started = 0.0
+        self._started_at = ""
+        self._skipped: report.JobResult | None = None
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        refuse_search_under_torchrun(config)
+        _make_storage_dir(OmegaConf.select(config, "hydra.sweeper.storage"))
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._started = time.perf_counter()
+        self._started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        run_dir = Path(config.hydra.runtime.output_dir)
+        # The CLI makes the same decision (resume=auto on a finished job) and returns the recorded value.
+        self._skipped = (
+            report.finished_result(run_dir, _overrides(config)) if OmegaConf.select(config, "resume") == "auto" else None
+        )
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        if not DistInfo.from_env().is_main:
+            return  # under torchrun every rank runs the job; one of them records it
+        result = self._skipped or self._result(config, job_return)
+        if self._skipped is None:
+            report.write_result(result)
+        if config.hydra.mode == RunMode.MULTIRUN:
+            sweep_dir = _sweep_dir(config)
+            report.write_hparams(sweep_dir, result)
+            report.write_report(sweep_dir, config.trainer.monitor, _mode(config))
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if not DistInfo.from_env().is_main:
+            return
+        sweep_dir = _sweep_dir(config)
+        results = report.write_report(sweep_dir, config.trainer.monitor, _mode(config))
+        log.info("sweep report (%d jobs): %s", len(results), sweep_dir / report.REPORT_MD)
+
+    def _result(self, config: DictConfig, job_return: JobReturn) -> report.JobResult:
+        failed = job_return.status == JobStatus.FAILED
+        return report.job_result(
+            run_dir=Path(config.hydra.runtime.output_dir),
+            job=int(OmegaConf.select(config, "hydra.job.num", default=0) or 0),
+            overrides=_overrides(config),
+            monitor=config.trainer.monitor,
+            mode=_mode(config),
+            returned=None if failed else job_return.return_value,
+            error=job_return._return_value if failed else None,  # .return_value re-raises a failed job's error
+            wall_time_s=time.perf_counter() - self._started,
+            started_at=self._started_at,
+        )
+
+
+def refuse_search_under_torchrun(config: DictConfig) -> None:
+    """Under torchrun every rank runs this process: a sampling sweeper would pick different values per rank."""
+    sweeper = OmegaConf.select(config, "hydra.sweeper._target_")
+    if started_by_external_launcher() and sweeper != BASIC_SWEEPER:
+        err = LaunchError(
+            f"hydra.sweeper: a search ({sweeper.rsplit('.', 1)[-1]}) cannot run under torchrun or any launcher that "
+            "starts one process per rank: each rank would sample its own hyperparameters. Start the search from "
+            "one process instead, e.g. `python -m runner hparams_search=lr_width hardware=multi_cpu` (or "
+            "hardware=multi_gpu): the values are sampled once, in that process, and the runner starts each trial's "
+            "ranks itself; on SLURM add hydra/launcher=slurm."
+        )
+        print(f"runner: error: {err}", file=sys.stderr)
+        raise SystemExit(1)  # a callback's ordinary exceptions are only warned about by Hydra
+
+
+def _make_storage_dir(storage: Any) -> None:
+    """sqlite does not create the folder of its database file: make it, so `outputs/optuna/x.db` works first time."""
+    prefix = "sqlite:///"
+    if isinstance(storage, str) and storage.startswith(prefix) and storage != prefix + ":memory:":
+        Path(storage[len(prefix):]).parent.mkdir(parents=True, exist_ok=True)
+
+
+def _sweep_dir(config: DictConfig) -> Path:
+    """Absolute, from where the command was run (a job with hydra.job.chdir=true runs inside its own dir)."""
+    return (Path(config.hydra.runtime.cwd) / str(config.hydra.sweep.dir)).resolve()
+
+
+def _overrides(config: DictConfig) -> list[str]:
+    return [str(item) for item in OmegaConf.to_container(config.hydra.overrides.task)]
+
+
+def _mode(config: DictConfig) -> str:
+    mode = config.trainer.monitor_mode
+    return str(getattr(mode, "value", mode))

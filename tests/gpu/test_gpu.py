@@ -1,0 +1,91 @@
+"""GPU-only checks (`pytest -m gpu`): skipped without CUDA. The CPU suite covers the same paths with stand-ins."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from runner.accelerator import Accelerator
+from runner.prepared import DeviceBatches
+
+from conftest import TINY
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def _train(precision: str, steps: int = 5) -> nn.Module:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 16))
+    accelerator = Accelerator("cuda", precision)
+    model = accelerator.convert_precision(model)
+    model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.05))
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        features = torch.randn(32, 64, generator=generator).cuda()
+        labels = torch.randint(0, 16, (32,), generator=generator).cuda()
+        with accelerator.autocast():
+            loss = F.cross_entropy(model(features).float(), labels)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+    return model.cpu()
+
+
+def test_prepare_places_model_and_batches_on_the_gpu():
+    accelerator = Accelerator("cuda")
+    model, batches = accelerator.prepare(nn.Linear(4, 4), [{"x": torch.ones(2, 4)}])
+    assert next(model.parameters()).is_cuda and isinstance(batches, DeviceBatches)
+    assert next(iter(batches))["x"].is_cuda
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_on_gpu_tracks_fp32(precision):
+    reference, candidate = _train("fp32"), _train(precision)
+    moved = max((p - q).abs().max().item() for p, q in zip(reference.parameters(), _untrained().parameters()))
+    difference = max((p - q).abs().max().item() for p, q in zip(reference.parameters(), candidate.parameters()))
+    assert 0 < difference < 0.1 * moved
+
+
+def _untrained() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 16))
+
+
+def test_fp16_scaler_is_enabled_on_cuda():
+    assert Accelerator("cuda", "fp16").scaler.is_enabled()
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9), reason="needs sm_89+")
+def test_fp8_converts_and_trains_on_a_capable_gpu():
+    model = _train("fp8")
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_gpu_ids_is_applied_before_cuda_initialises_in_this_process():
+    """The parent exports CUDA_VISIBLE_DEVICES and then runs the checks that touch CUDA: it must still see one GPU."""
+    last = torch.cuda.device_count() - 1
+    code = (
+        "import torch\n"
+        "from runner.config import HardwareKind\n"
+        "from runner.devices import apply_gpus, select_gpus, hardware_problems\n"
+        f"apply_gpus(select_gpus(HardwareKind.gpu, [{last}], 1))\n"
+        "assert hardware_problems(HardwareKind.gpu) == []\n"
+        "print(torch.cuda.device_count())\n"
+    )
+    env = {key: value for key, value in os.environ.items() if key != "CUDA_VISIBLE_DEVICES"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    assert out.strip() == "1"
+
+
+def test_the_cli_on_one_gpu_with_gpu_ids(cli):
+    last = torch.cuda.device_count() - 1
+    result = cli(*TINY, "hardware=gpu", f"gpu_ids=[{last}]", "precision=bf16", "trainer.max_steps=3")
+    assert result.returncode == 0, result.output
+    assert f"physical {last} -> rank 0 -> cuda:0" in result.output
+    assert "device cuda:0 | precision bf16 | autocast bfloat16" in (result.run_dir() / "runner.log").read_text()

@@ -1,0 +1,411 @@
+"""runner.Accelerator against plain PyTorch: the same training, bitwise in fp32, within tolerances otherwise."""
+
+from __future__ import annotations
+
+import copy
+import sys
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from runner.accelerator import Accelerator, set_seed
+from runner.dist import DistInfo
+from runner.prepared import AcceleratedOptimizer, AcceleratedScheduler
+
+STEPS = 6
+
+
+def make_model(seed: int = 0, dropout: float = 0.0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Dropout(dropout), nn.Linear(32, 4))
+
+
+def make_data(rows: int = 32 * STEPS, seed: int = 1) -> TensorDataset:
+    generator = torch.Generator().manual_seed(seed)
+    return TensorDataset(torch.randn(rows, 16, generator=generator), torch.randint(0, 4, (rows,), generator=generator))
+
+
+def plain_loop(model, optimizer, loader, scheduler=None, max_norm=None) -> None:
+    for features, labels in loader:
+        optimizer.zero_grad()
+        F.cross_entropy(model(features), labels).backward()
+        if max_norm is not None:
+            nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+
+
+def accelerated_loop(accelerator, model, optimizer, loader, scheduler=None, max_norm=None) -> list:
+    """The loop an Accelerate user writes: step every batch, let accumulate() decide when it counts."""
+    norms = []
+    for features, labels in loader:
+        with accelerator.accumulate(model):
+            with accelerator.autocast():
+                loss = F.cross_entropy(model(features).float(), labels)
+            accelerator.backward(loss)
+            if max_norm is not None and accelerator.sync_gradients:
+                norms.append(accelerator.clip_grad_norm_(model.parameters(), max_norm))
+            optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
+            optimizer.zero_grad()
+    return norms
+
+
+def train_both(precision: str, optimizer_class=torch.optim.AdamW, **kwargs):
+    reference, candidate = make_model(), make_model()
+    plain_loop(reference, optimizer_class(reference.parameters(), lr=1e-2), DataLoader(make_data(), batch_size=32))
+    accelerator = Accelerator("cpu", precision, **kwargs)
+    model, optimizer, loader = accelerator.prepare(
+        candidate, optimizer_class(candidate.parameters(), lr=1e-2), DataLoader(make_data(), batch_size=32)
+    )
+    accelerated_loop(accelerator, model, optimizer, loader)
+    return reference, candidate
+
+
+def max_difference(a: nn.Module, b: nn.Module) -> float:
+    return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
+
+
+def test_fp32_training_is_bitwise_identical_to_a_plain_loop():
+    reference, candidate = train_both("fp32")
+    for (name, expected), actual in zip(reference.named_parameters(), candidate.parameters()):
+        assert torch.equal(expected, actual), name
+
+
+def test_fp32_on_one_cpu_process_prepare_returns_the_objects_it_was_given():
+    model, loader = make_model(), DataLoader(make_data(), batch_size=32)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    prepared = Accelerator("cpu").prepare(model, optimizer, loader)
+    assert prepared[0] is model and prepared[1] is optimizer and prepared[2] is loader
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_stays_within_tolerance_of_fp32(precision):
+    # SGD, so a rounding error moves a weight a little, not by a whole Adam step of lr.
+    reference, candidate = train_both(precision, torch.optim.SGD)
+    moved = max_difference(reference, make_model())
+    # Stated tolerance: within 10% of how far training moved the weights (measured: bf16 1.5%, fp16 3.6%).
+    assert 0 < max_difference(reference, candidate) < 0.1 * moved
+
+
+def test_accumulating_4_batches_of_8_matches_batches_of_32():
+    reference, candidate = make_model(), make_model()
+    ref_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    ref_scheduler = torch.optim.lr_scheduler.StepLR(ref_optimizer, step_size=1, gamma=0.5)
+    plain_loop(reference, ref_optimizer, DataLoader(make_data(), batch_size=32), ref_scheduler)
+
+    accelerator = Accelerator("cpu", gradient_accumulation_steps=4)
+    raw_optimizer = torch.optim.SGD(candidate.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(raw_optimizer, step_size=1, gamma=0.5)
+    # Any order: the scheduler and loader first, the model last.
+    scheduler, loader, optimizer, model = accelerator.prepare(
+        scheduler, DataLoader(make_data(), batch_size=8), raw_optimizer, candidate
+    )
+    assert isinstance(optimizer, AcceleratedOptimizer) and isinstance(scheduler, AcceleratedScheduler)
+    accelerated_loop(accelerator, model, optimizer, loader, scheduler)
+
+    assert max_difference(reference, candidate) < 1e-6
+    # 24 micro-batches, 6 cycles: the optimizer and the schedule each stepped 6 times, not 24.
+    assert scheduler.last_epoch == STEPS == ref_scheduler.last_epoch
+    assert scheduler.get_last_lr() == pytest.approx([0.1 * 0.5**STEPS])
+
+
+def test_backward_divides_the_loss_over_the_cycle_and_holds_the_step():
+    accelerator = Accelerator("cpu", gradient_accumulation_steps=2)
+    model = make_model()
+    optimizer = accelerator.prepare(torch.optim.SGD(model.parameters(), lr=0.1))
+    before = copy.deepcopy(model)
+    features, labels = make_data(8)[:]
+    with accelerator.accumulate(model):
+        accelerator.backward(F.cross_entropy(model(features), labels))
+        first_grad = model[0].weight.grad.clone()
+        optimizer.step()
+        optimizer.zero_grad()
+    assert not accelerator.sync_gradients
+    assert max_difference(before, model) == 0  # held: the cycle is not over
+    assert model[0].weight.grad is not None  # zero_grad held too: the gradients keep adding up
+    expected = torch.autograd.grad(F.cross_entropy(before(features), labels), before[0].weight)[0] / 2
+    assert torch.allclose(first_grad, expected, atol=1e-7)
+    with accelerator.accumulate(model):
+        accelerator.backward(F.cross_entropy(model(features), labels))
+        optimizer.step()
+    assert accelerator.sync_gradients and max_difference(before, model) > 0
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_clip_grad_norm_matches_torch(precision):
+    reference, candidate = make_model(), make_model()
+    features, labels = make_data(32)[:]
+    F.cross_entropy(reference(features), labels).backward()
+    expected_norm = nn.utils.clip_grad_norm_(reference.parameters(), 0.1)
+
+    accelerator = Accelerator("cpu", precision)
+    model, optimizer = accelerator.prepare(candidate, torch.optim.SGD(candidate.parameters(), lr=0.1))
+    with accelerator.autocast():
+        loss = F.cross_entropy(model(features).float(), labels)
+    accelerator.backward(loss)
+    norm = accelerator.clip_grad_norm_(model.parameters(), 0.1)
+
+    tolerance = 0 if precision == "fp32" else 5e-3
+    assert norm.item() == pytest.approx(expected_norm.item(), rel=tolerance, abs=tolerance * 1e-2)
+    assert norm.item() > 0.1  # it did clip
+    for expected, actual in zip(reference.parameters(), model.parameters()):
+        assert torch.allclose(expected.grad, actual.grad, rtol=tolerance, atol=tolerance * 1e-2)
+    if precision == "fp16":
+        # The gradients were unscaled once; the step must not unscale them again.
+        grads = [p.grad.clone() for p in model.parameters()]
+        weights = [p.detach().clone() for p in model.parameters()]
+        optimizer.step()
+        for weight, grad, param in zip(weights, grads, model.parameters()):
+            assert torch.allclose(param, weight - 0.1 * grad, atol=1e-7)
+
+
+def test_fp16_skips_the_step_with_an_inf_gradient_and_lowers_the_scale():
+    accelerator = Accelerator("cpu", "fp16")
+    model = make_model()
+    raw_optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(raw_optimizer, step_size=1, gamma=0.5)
+    model, optimizer, scheduler = accelerator.prepare(model, raw_optimizer, scheduler)
+    features, labels = make_data(32)[:]
+    scale = accelerator.scaler.get_scale()
+    before = copy.deepcopy(model)
+
+    with accelerator.autocast():
+        accelerator.backward(F.cross_entropy(model(features).float(), labels))
+    model[0].weight.grad[0, 0] = float("inf")  # an overflow in one gradient
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad()
+    assert accelerator.optimizer_step_was_skipped
+    assert max_difference(before, model) == 0
+    assert accelerator.scaler.get_scale() == scale / 2
+    assert scheduler.last_epoch == 0  # the schedule did not advance past a step that did not happen
+
+    with accelerator.autocast():
+        accelerator.backward(F.cross_entropy(model(features).float(), labels))
+    optimizer.step()
+    scheduler.step()
+    assert not accelerator.optimizer_step_was_skipped
+    assert max_difference(before, model) > 0 and scheduler.last_epoch == 1
+
+
+def test_save_state_then_load_state_resumes_exactly(tmp_path):
+    accelerator = Accelerator("cpu", gradient_accumulation_steps=1)
+    model = make_model(dropout=0.3)  # dropout: the resumed run must also get the same random masks
+    raw_optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.StepLR(raw_optimizer, step_size=1, gamma=0.9)
+    model, optimizer, scheduler = accelerator.prepare(model, raw_optimizer, scheduler)
+    loader = DataLoader(make_data(64), batch_size=32)
+    set_seed(3)
+    accelerated_loop(accelerator, model, optimizer, loader, scheduler)
+    accelerator.save_state(tmp_path / "state")
+    accelerated_loop(accelerator, model, optimizer, loader, scheduler)
+    after = copy.deepcopy(model)
+
+    accelerated_loop(accelerator, model, optimizer, loader, scheduler)  # wander off
+    accelerator.load_state(tmp_path / "state")
+    assert scheduler.last_epoch == 2
+    accelerated_loop(accelerator, model, optimizer, loader, scheduler)
+    assert max_difference(after, model) == 0
+    assert sorted(path.name for path in (tmp_path / "state").iterdir()) == [
+        "model_0.safetensors", "rng_rank0.pt", "state.pt"
+    ]
+
+
+def test_prepare_rejects_what_it_cannot_place():
+    with pytest.raises(TypeError, match="got a dict; it takes torch.nn.Module"):
+        Accelerator("cpu").prepare({"not": "preparable"})
+
+
+def test_accelerate_argument_names_and_properties():
+    accelerator = Accelerator("cpu", mixed_precision="no", gradient_accumulation_steps=3)
+    assert accelerator.mixed_precision == "fp32" and accelerator.gradient_accumulation_steps == 3
+    assert Accelerator("cpu", mixed_precision="bf16").precision.autocast_dtype is torch.bfloat16
+    assert accelerator.process_index == 0 and accelerator.num_processes == 1 and accelerator.is_local_main_process
+    assert "device cpu | precision fp32 | autocast off | grad scaler off" in accelerator.describe()
+    assert "grad scaler on" in Accelerator("cpu", "fp16").describe()
+
+
+def test_unwrap_model_removes_compile_and_ddp_wrappers():
+    model = make_model()
+    compiled_like = types.SimpleNamespace(_orig_mod=model)
+    assert Accelerator("cpu").unwrap_model(compiled_like) is model
+    assert Accelerator("cpu").unwrap_model(model) is model
+
+
+def test_print_and_collectives_in_a_single_process(capsys):
+    Accelerator("cpu").print("main")
+    Accelerator("cpu", dist=DistInfo(rank=1, local_rank=1, world_size=2)).print("other")
+    assert capsys.readouterr().out == "main\n"
+    accelerator = Accelerator("cpu")
+    assert accelerator.gather(torch.tensor([1, 2])).tolist() == [1, 2]
+    assert accelerator.gather_for_metrics({"a": torch.tensor([3])})["a"].tolist() == [3]
+    assert accelerator.reduce(torch.tensor(2.0), "mean").item() == 2.0
+    with accelerator.main_process_first():
+        accelerator.wait_for_everyone()
+
+
+def test_set_seed_device_specific_offsets_by_rank():
+    Accelerator("cpu", dist=DistInfo(rank=1, local_rank=1, world_size=2)).set_seed(5, device_specific=True)
+    first = torch.rand(3)
+    set_seed(6)
+    assert torch.equal(first, torch.rand(3))
+
+
+def test_collectives_and_accumulation_in_two_gloo_processes(tmp_path):
+    from dist_workers import all_checks, launch
+
+    results = launch(all_checks, str(tmp_path))
+    ranks = [results[0]["collectives"], results[1]["collectives"]]
+    for rank, result in enumerate(ranks):
+        assert result["gather"] == [0, 10, 1, 11]
+        assert result["gather_uneven"] == [0, 0, 1]
+        assert result["gather_dict"] == [0, 1]
+        assert (result["reduce_sum"], result["reduce_mean"], result["reduce_max"]) == (3.0, 1.5, 2.0)
+        assert result["is_main"] == (rank == 0)
+        assert result["saw_main_first"]
+        # 5 samples on 2 ranks: the sampler repeats one to even out; gather_for_metrics counts each once.
+        assert sorted(result["metrics_samples"]) == [0, 1, 2, 3, 4]
+        assert sorted(result["metrics_samples_even"]) == list(range(8))
+
+    accumulation = [results[0]["accumulation"], results[1]["accumulation"]]
+    assert accumulation[0]["syncs"] == [False, True]
+    grads = accumulation[0]["grads"]  # [micro step][rank][out][in], gathered from both ranks
+    # Micro-step 1 (no_sync): each rank keeps its own gradient (mean over the cycle: x / 2 per row pair).
+    assert grads[0][0][0] == [1.0] * 4 and grads[0][1][0] == [2.0] * 4
+    # Micro-step 2 syncs: both ranks hold the average of their accumulated gradients, (1 + 2 + 2 + 3) / 2.
+    assert grads[1][0] == grads[1][1] == [[4.0] * 4]
+    assert accumulation[0]["weight"] == accumulation[1]["weight"]
+
+
+class FakeXla:
+    """A stand-in for torch_xla that records the calls the TPU path makes."""
+
+    def __init__(self, monkeypatch):
+        self.calls = []
+        root = types.ModuleType("torch_xla")
+        root.device = lambda: torch.device("cpu")
+        root.sync = lambda: self.calls.append("sync")
+        xla_model = types.ModuleType("torch_xla.core.xla_model")
+        xla_model.optimizer_step = self.optimizer_step
+        parallel_loader = types.ModuleType("torch_xla.distributed.parallel_loader")
+        parallel_loader.MpDeviceLoader = self.device_loader
+        for name, module in {
+            "torch_xla": root, "torch_xla.core": types.ModuleType("torch_xla.core"), "torch_xla.core.xla_model": xla_model,
+            "torch_xla.distributed": types.ModuleType("torch_xla.distributed"),
+            "torch_xla.distributed.parallel_loader": parallel_loader,
+        }.items():
+            monkeypatch.setitem(sys.modules, name, module)
+
+    def optimizer_step(self, optimizer):
+        self.calls.append("optimizer_step")
+        optimizer.step()
+
+    def device_loader(self, batches, device):
+        self.calls.append(f"MpDeviceLoader({device})")
+        return batches
+
+
+def test_tpu_path_steps_and_loads_through_torch_xla(monkeypatch):
+    fake = FakeXla(monkeypatch)
+    reference, candidate = make_model(), make_model()
+    plain_loop(reference, torch.optim.SGD(reference.parameters(), lr=0.1), DataLoader(make_data(64), batch_size=32))
+
+    accelerator = Accelerator(tpu=True)
+    model, optimizer, loader = accelerator.prepare(
+        candidate, torch.optim.SGD(candidate.parameters(), lr=0.1), DataLoader(make_data(64), batch_size=32)
+    )
+    assert len(loader) == 2
+    accelerated_loop(accelerator, model, optimizer, loader)
+    assert fake.calls == ["MpDeviceLoader(cpu)", "optimizer_step", "sync", "optimizer_step", "sync"]
+    assert max_difference(reference, candidate) == 0
+
+
+# -- the standard loop, through the CLI: grad_accum_steps, max_grad_norm and precision come from the config --------
+
+
+def _final_val_loss(result) -> float:
+    from conftest import read_scalars
+
+    assert result.returncode == 0, result.output
+    return read_scalars(result.run_dir(), "val/loss")[-1][1]
+
+
+class RecordingLogger:
+    def __init__(self):
+        self.rows = []
+
+    def log(self, step, metrics):
+        self.rows.append((step, metrics))
+
+
+def run_loop(batch_size: int, grad_accum_steps: int, steps: int = 3):
+    """The standard Loop in this process over a small classification set; returns (train losses, model)."""
+    from runner.data.batches import TensorBatches
+    from runner.loop import Loop
+    from runner.metrics import Progress
+    from runner.checkpoint import Checkpointer
+    from runner.config import TrainerConfig
+    from runner.tasks import Classification
+
+    features, labels = make_data(256)[:]
+    columns = {"features": features, "label": labels}
+    settings = TrainerConfig(batch_size=batch_size, grad_accum_steps=grad_accum_steps, max_steps=steps,
+                             log_every_steps=1, progress_bar=False)
+    accelerator = Accelerator("cpu", grad_accum_steps=grad_accum_steps)
+    model = make_model()
+    model, optimizer, train, val = accelerator.prepare(
+        model, torch.optim.SGD(model.parameters(), lr=0.1),
+        TensorBatches(columns, batch_size, shuffle=True, seed=0), TensorBatches(columns, 64, shuffle=False, seed=0),
+    )
+    logger = RecordingLogger()
+    Loop(accelerator, model, optimizer, None, train, val, Classification(), settings, logger=logger,
+         progress=Progress(steps, enabled=False), checkpointer=Checkpointer.disabled()).fit()
+    return [metrics["train/loss"] for _, metrics in logger.rows if "train/loss" in metrics], model
+
+
+def test_the_loop_accumulating_4x8_matches_batches_of_32():
+    losses, model = run_loop(batch_size=32, grad_accum_steps=1)
+    accumulated_losses, accumulated_model = run_loop(batch_size=8, grad_accum_steps=4)
+    assert len(losses) == 3 and accumulated_losses == pytest.approx(losses, abs=1e-6)
+    assert 0 < max_difference(model, make_model()) and max_difference(model, accumulated_model) < 1e-6
+
+
+def test_the_loop_under_fp16_clips_and_logs_the_grad_norm(cli):
+    from conftest import TINY, read_scalars
+
+    result = cli(*TINY, "precision=fp16", "trainer.max_grad_norm=0.5", "trainer.max_steps=3", "trainer.log_every_steps=1")
+    assert result.returncode == 0, result.output
+    norms = read_scalars(result.run_dir(), "train/grad_norm")
+    assert [step for step, _ in norms] == [1, 2, 3]
+    # Unscaled before clipping: a real norm (a few units), not one multiplied by the 65536 loss scale.
+    assert all(0 < value < 100 for _, value in norms)
+    log = (result.run_dir() / "runner.log").read_text()
+    assert "device cpu | precision fp16 | autocast float16 | grad scaler on | 1 process(es)" in log
+    assert "precision=fp16 on a CPU runs slower than fp32" in log
+
+
+def test_fp8_emulation_trains_and_reports_the_converted_modules(cli):
+    from conftest import TINY
+
+    result = cli(*TINY, "precision=fp8", "precision.fp8_emulation=true", "trainer.max_steps=2")
+    log = (result.run_dir() / "runner.log").read_text()
+    # SeqTransformer: attention out_proj, linear1, linear2 in each of 2 layers; the 64->10 head is not divisible by 16.
+    assert "precision fp8 | autocast bfloat16 | grad scaler off | fp8 modules converted 6" in log
+    assert 0 < _final_val_loss(result) < 5
+
+
+def test_two_gloo_processes_with_accumulation_match_one_process_with_the_whole_batch(cli, tmp_path):
+    from conftest import TINY
+
+    common = (*TINY, "trainer.max_steps=2")
+    # 2 processes x 32 rows x 2 micro-batches = the same 128 rows per step as one process with batches of 128.
+    one = cli(*common, "trainer.batch_size=128", cwd=(tmp_path / "one").mkdir() or tmp_path / "one")
+    two = cli(*common, "hardware=multi_cpu", "trainer.grad_accum_steps=2", cwd=(tmp_path / "two").mkdir() or tmp_path / "two")
+    assert _final_val_loss(two) == pytest.approx(_final_val_loss(one), abs=1e-4)

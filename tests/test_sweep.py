@@ -1,0 +1,174 @@
+"""End-to-end sweeps: `python -m runner -m ...` grids, Optuna searches, the joblib and submitit launchers, failures,
+re-runs, and the report each sweep leaves at its root."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import yaml
+
+from conftest import TINY, read_scalars, run_cli
+
+FAST = (*TINY, "trainer.max_steps=2")
+
+
+def sweep_dirs(result) -> list:
+    return sorted(path.parent for path in (result.cwd / "outputs").rglob("sweep_report.csv"))
+
+
+def report_rows(sweep_dir) -> list[dict]:
+    with open(sweep_dir / "sweep_report.csv", newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_grid_runs_every_combination_and_the_report_ranks_them(cli):
+    result = cli("-m", *FAST, "optimizer.lr=1e-3,3e-4", "precision=fp32,bf16",
+                 "trainer.monitor=val/loss", "trainer.monitor_mode=min")
+    assert result.returncode == 0, result.output
+    (sweep,) = sweep_dirs(result)
+    job_dirs = sorted(path for path in sweep.iterdir() if path.name.isdigit())
+    assert [path.name for path in job_dirs] == ["0", "1", "2", "3"]
+
+    # Each job's own TensorBoard run is the independent record the report must agree with.
+    final_loss = {int(path.name): read_scalars(path, "val/loss")[-1][1] for path in job_dirs}
+    rows = report_rows(sweep)
+    assert len(rows) == 4
+    assert [int(row["job"]) for row in rows] == sorted(final_loss, key=lambda job: (final_loss[job], job))
+    assert [float(row["val/loss"]) for row in rows] == pytest.approx(sorted(final_loss.values()))
+    assert [row["best"] for row in rows] == ["True", "False", "False", "False"]
+    assert {(float(row["optimizer.lr"]), row["precision"]) for row in rows} == {
+        (1e-3, "fp32"), (1e-3, "bf16"), (3e-4, "fp32"), (3e-4, "bf16")}
+    assert all(row["status"] == "completed" and row["steps"] == "2" and float(row["wall_time_s"]) > 0 for row in rows)
+
+    for path in job_dirs:
+        saved = json.loads((path / "result.json").read_text())
+        assert saved["value"] == pytest.approx(final_loss[int(path.name)])  # what the job returned to Hydra
+    markdown = (sweep / "sweep_report.md").read_text()
+    assert "4 jobs (4 completed), sorted by val/loss (min), best first." in markdown
+    assert f"| **1 (best)** | {rows[0]['job']} | completed |" in markdown
+    assert sorted(path.name for path in (sweep / "tensorboard").iterdir()) == ["0", "1", "2", "3"]
+
+
+def test_a_failing_trial_is_recorded_the_sweep_goes_on_and_a_rerun_skips_finished_jobs(cli):
+    sweep = "outputs/multirun/fixed"
+    # nhead=4 does not divide 30: job 0 fails while building its model; job 1 still runs.
+    first = cli("-m", *FAST, "model.d_model=30,32", f"hydra.sweep.dir={sweep}")
+    assert first.returncode == 1, first.output  # Hydra's basic sweeper exits 1 after the last job when one failed
+    error = "bad config: model: building runner.models.SeqTransformer failed: AssertionError: embed_dim must be divisible by num_heads"
+    assert f"runner: error: {error}" in first.stderr
+    sweep_dir = first.cwd / sweep
+    rows = report_rows(sweep_dir)
+    assert [(row["job"], row["status"], row["model.d_model"]) for row in rows] == [
+        ("1", "completed", "32"), ("0", "failed", "30")]
+    assert rows[0]["best"] == "True" and rows[1]["error"] == f"ConfigError: {error}"
+    assert (sweep_dir / "0" / ".hydra" / "overrides.yaml").is_file()  # the failed job's dir is kept
+    finished = (sweep_dir / "1" / "result.json").read_bytes()
+    checkpoint = sweep_dir / "1" / "checkpoints" / "step_00000002" / "state.pt"
+    written_at = checkpoint.stat().st_mtime_ns
+
+    again = cli("-m", *FAST, "model.d_model=30,32", f"hydra.sweep.dir={sweep}", "resume=auto")
+    assert again.returncode == 1, again.output
+    assert f"resume=auto: {sweep_dir / '1'} already finished with val/accuracy=" in again.output
+    assert again.output.count("runner: error: bad config: model") == 1  # the failed job ran again
+    assert (sweep_dir / "1" / "result.json").read_bytes() == finished
+    assert checkpoint.stat().st_mtime_ns == written_at
+    rows = report_rows(sweep_dir)
+    assert [(row["job"], row["status"]) for row in rows] == [("1", "completed"), ("0", "failed")]
+
+
+@pytest.mark.slow
+def test_optuna_search_runs_trials_and_resumes_its_study(cli):
+    import optuna  # the test extra installs the sweeps extra
+    search = (*FAST, "hparams_search=lr_width", "hydra.sweeper.n_trials=3")
+    first = cli(*search)
+    assert first.returncode == 0, first.output
+    (sweep,) = sweep_dirs(first)
+    rows = report_rows(sweep)
+    assert len(rows) == 3 and all(row["status"] == "completed" for row in rows)
+    values = [float(row["val/accuracy"]) for row in rows]
+    assert values == sorted(values, reverse=True)  # val/accuracy is maximized
+    for row in rows:
+        assert 1e-4 <= float(row["optimizer.lr"]) <= 1e-2 and row["model.d_model"] in {"32", "64", "128"}
+        # Sampled once, in the parent, and handed down: the job ran with exactly the reported values.
+        config = yaml.safe_load((sweep / row["job"] / "config.yaml").read_text())
+        assert config["model"]["d_model"] == int(row["model.d_model"])
+        assert config["optimizer"]["lr"] == pytest.approx(float(row["optimizer.lr"]))
+    best = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
+    assert best["best_value"] == pytest.approx(max(values))
+
+    # Run the same search again: the study continues. nhead=5 divides no width, so this trial fails: it is
+    # recorded (report, study) and, with max_failure_rate=1.0, the search still exits cleanly.
+    second = cli(*FAST, "hparams_search=lr_width", "hydra.sweeper.n_trials=1", "model.nhead=5")
+    assert second.returncode == 0, second.output
+    assert "Using an existing study with name 'lr_width'" in second.output
+    newer = [path for path in sweep_dirs(second) if path != sweep]
+    (row,) = report_rows(newer[0])
+    assert row["status"] == "failed" and "embed_dim must be divisible by num_heads" in row["error"]
+    study = optuna.load_study(study_name="lr_width", storage=f"sqlite:///{first.cwd}/outputs/optuna/lr_width.db")
+    states = [trial.state.name for trial in study.trials]
+    assert states == ["COMPLETE", "COMPLETE", "COMPLETE", "FAIL"]
+    assert sorted(trial.value for trial in study.trials[:3]) == pytest.approx(sorted(values))
+
+
+@pytest.mark.slow
+def test_joblib_launcher_runs_two_jobs_in_parallel_processes_including_multi_cpu(cli):
+    result = cli("-m", *FAST, "hydra/launcher=parallel", "hardware=cpu,multi_cpu")
+    assert result.returncode == 0, result.output
+    assert "Joblib.Parallel(n_jobs=2" in result.output
+    (sweep,) = sweep_dirs(result)
+    rows = {row["hardware"]: row for row in report_rows(sweep)}
+    assert set(rows) == {"cpu", "multi_cpu"}
+    assert all(row["status"] == "completed" and row["steps"] == "2" for row in rows.values())
+    multi = sweep / rows["multi_cpu"]["job"]
+    assert (multi / "runner_rank1.log").is_file()  # two ranks, started from inside a loky worker
+
+
+@pytest.mark.slow
+def test_submitit_local_launcher_runs_the_slurm_code_path(cli):
+    result = cli("-m", *FAST, "hydra/launcher=slurm_local", "optimizer.lr=1e-3,3e-4")
+    assert result.returncode == 0, result.output
+    (sweep,) = sweep_dirs(result)
+    rows = report_rows(sweep)
+    assert sorted(float(row["optimizer.lr"]) for row in rows) == [3e-4, 1e-3]
+    assert all(row["status"] == "completed" for row in rows)
+    assert list((sweep / ".submitit").glob("*/*_log.out"))  # submitit's own per-job logs
+
+
+def test_slurm_launcher_and_search_compose(cli):
+    result = cli("hparams_search=lr_width", "hydra/launcher=slurm", "hydra.launcher.partition=gpu",
+                 "hydra.launcher.gpus_per_node=4", "hardware=multi_gpu", "hardware.num_processes=4", "--cfg", "hydra")
+    assert result.returncode == 0, result.output
+    hydra_cfg = yaml.safe_load(result.stdout)["hydra"]
+    launcher, sweeper = hydra_cfg["launcher"], hydra_cfg["sweeper"]
+    assert launcher["_target_"] == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+    assert (launcher["partition"], launcher["gpus_per_node"], launcher["tasks_per_node"]) == ("gpu", 4, 1)
+    assert sweeper["_target_"] == "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
+    assert sweeper["storage"] == "sqlite:///outputs/optuna/${hydra.sweeper.study_name}.db"
+    assert sweeper["params"] == {"optimizer.lr": "tag(log, interval(1.0e-4, 1.0e-2))",
+                                 "model.d_model": "choice(32, 64, 128)"}
+    assert hydra_cfg["callbacks"]["sweep_report"]["_target_"] == "runner.sweep.SweepReport"
+
+
+@pytest.mark.parametrize(("mode", "direction"), [("max", "maximize"), ("min", "minimize")])
+def test_search_direction_follows_the_monitor_mode(mode, direction):
+    from hydra import compose, initialize_config_dir
+
+    from runner.cli import CONFIG_DIR
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose("config", overrides=["hparams_search=lr_width", f"trainer.monitor_mode={mode}"],
+                      return_hydra_config=True)
+    assert cfg.hydra.sweeper.direction == direction
+    assert cfg.hydra.sweeper.max_failure_rate == 1.0
+
+
+def test_a_search_under_torchrun_is_refused(tmp_path):
+    result = run_cli(*FAST, "hparams_search=lr_width", cwd=tmp_path,
+                     args=("-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"))
+    assert result.returncode != 0
+    message = "runner: error: hydra.sweeper: a search (OptunaSweeper) cannot run under torchrun"
+    assert result.output.count(message) == 2, result.output  # each rank refuses before sampling anything
+    assert "each rank would sample its own hyperparameters" in result.output
+    assert not (tmp_path / "outputs").exists()
