@@ -35,7 +35,15 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.scaler = scaler
         self.xla = xla
         self._unscaled = False
-        self.step_was_skipped = False
+        self._scale_before: torch.Tensor | None = None
+
+    @property
+    def step_was_skipped(self) -> bool:
+        """Whether the last step() was skipped for inf/nan gradients. Reading it waits for the device."""
+        if self.scaler is None or self._scale_before is None:
+            return False
+        # The scaler lowers its scale exactly when it found inf/nan gradients and skipped the step.
+        return bool(self.scaler._get_scale_async() < self._scale_before)
 
     def unscale_gradients(self) -> None:
         """Divide the gradients by the loss scale (once per step), so clipping and norms see the real values."""
@@ -47,11 +55,10 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         if not self.shared.sync_gradients:
             return  # a micro-step inside an accumulation cycle: gradients keep adding up
         if self.scaler is not None:
-            scale_before = self.scaler.get_scale()
+            # Keep the scale as a device tensor: get_scale() returns a float, which waits for the GPU.
+            self._scale_before = self.scaler._get_scale_async().clone()
             self.scaler.step(self.optimizer)
             self.scaler.update()
-            # The scaler lowers its scale exactly when it found inf/nan gradients and skipped the step.
-            self.step_was_skipped = self.scaler.get_scale() < scale_before
             self._unscaled = False
         elif self.xla is not None:
             self.xla.optimizer_step(self.optimizer)
