@@ -186,8 +186,7 @@ def runner_fit(workload: Workload, steps: int, splits, run_dir: Path) -> dict[st
         accelerator, model, optimizer, None, train_batches, val_batches, Classification(), trainer,
         logger=logger,
         progress=Progress(total_steps, enabled=trainer.progress_bar),
-        checkpointer=Checkpointer(run_dir / "checkpoints", enabled=False),
-        checkpoint_every_epoch=True,
+        checkpointer=Checkpointer.disabled(),
     )
     logger.log_config({"benchmark": workload.name})
     clock = Clock()

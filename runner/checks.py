@@ -17,7 +17,7 @@ POSITIVE_OR_NONE = ("max_steps", "eval_every_steps", "eval_batch_size", "max_gra
 
 def check(config: RunConfig) -> None:
     hardware = config.hardware
-    problems = trainer_problems(config) + launch_problems(config)
+    problems = trainer_problems(config) + launch_problems(config) + checkpoint_problems(config)
     # num_processes null (one per GPU in gpu_ids) is sized against the GPUs here; 1 keeps these checks neutral.
     processes = hardware.num_processes or 1
     problems += select_gpus(hardware.kind, config.gpu_ids, processes).problems
@@ -71,6 +71,19 @@ def launch_problems(config: RunConfig) -> list[Problem]:
     if hardware.start_method is StartMethod.fork and hardware.kind in (HardwareKind.multi_gpu, HardwareKind.gpu):
         problems.append(Problem("hardware.start_method", "fork is unsafe once CUDA is initialised; use spawn "
                                 "(or forkserver) with GPUs"))
+    return problems
+
+
+def checkpoint_problems(config: RunConfig) -> list[Problem]:
+    settings, problems = config.checkpoint, []
+    for name in ("every_n_steps", "keep_last"):
+        value = getattr(settings, name)
+        if value is not None and value < 1:
+            problems.append(Problem(f"checkpoint.{name}", f"is {value}; it must be 1 or more, or null to turn it off"))
+    if settings.keep_best < 0:
+        problems.append(Problem("checkpoint.keep_best", f"is {settings.keep_best}; it must be 0 (off) or more"))
+    if settings.keep_best > 0 and not settings.enabled:
+        problems.append(Problem("checkpoint.keep_best", "needs checkpoint.enabled=true"))
     return problems
 
 

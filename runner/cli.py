@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import hydra
@@ -14,9 +15,10 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from runner.checks import check
+from runner.checkpoint import find_resume
 from runner.config import RunConfig, RunSpec, register_configs
 from runner.devices import apply_gpus, select_gpus
-from runner.errors import ConfigError, RunnerError
+from runner.errors import PREEMPTED_EXIT_CODE, ConfigError, Preempted, RunnerError
 from runner.launch import launch, resolve_num_processes
 from runner.report import finished_result
 
@@ -39,18 +41,22 @@ def main(cfg: DictConfig) -> float:
             if done is not None:
                 log.info("resume=auto: %s already finished with %s=%.4f; not running it again", run_dir, done.monitor, done.value)
                 return done.value
-            _resume_auto_standin(spec, run_dir)
         hardware = spec.config.hardware
         gpus = select_gpus(hardware.kind, spec.config.gpu_ids, hardware.num_processes)
         apply_gpus(gpus)  # CUDA reads CUDA_VISIBLE_DEVICES once, when it initialises: before any check touches CUDA
         check(spec.config)
         if gpus.physical:
             log.info("%s", gpus.table(hardware.num_processes))
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(spec.resolved, sort_keys=False), encoding="utf-8")
+        resume_from = find_resume(spec.config.resume, run_dir, spec.config.checkpoint.verify)
+        spec = replace(spec, resume_from=str(resume_from) if resume_from else None)
+        _write_config(run_dir, spec.resolved, resume_from)
         final = launch(spec)
         value = monitored_value(final, spec.config.trainer.monitor)
     except RunnerError as err:
         return _fail(err, run_dir)
+    except Preempted as stop:
+        log.info("%s. Continue with the same command plus resume=auto hydra.run.dir=%s", stop, run_dir)
+        raise SystemExit(PREEMPTED_EXIT_CODE)
     log.info("final %s | run dir %s", ", ".join(f"{k}={v:.4f}" for k, v in final.items()), run_dir)
     return value
 
@@ -63,18 +69,20 @@ def freeze(cfg: DictConfig, run_dir: Path) -> RunSpec:
     return RunSpec(config=config, resolved=resolved, run_dir=str(run_dir))
 
 
+def _write_config(run_dir: Path, resolved: dict, resume_from: Path | None) -> None:
+    """config.yaml records how the run was started; a run continued in place keeps its original one."""
+    if (run_dir / "config.yaml").is_file():
+        log.info("continuing the run in %s from %s; its config.yaml is kept", run_dir, resume_from or "scratch")
+        return
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False), encoding="utf-8")
+    if resume_from:
+        log.info("this run starts from the checkpoint %s", resume_from)
+
+
 def monitored_value(final: dict[str, float], monitor: str) -> float:
     if monitor not in final:
         raise ConfigError("trainer.monitor", f"'{monitor}' was not measured; the final metrics are {', '.join(final)}")
     return final[monitor]
-
-
-def _resume_auto_standin(spec: RunSpec, run_dir: Path) -> None:
-    """Stand-in until checkpoint resume (issue 5) lands. `auto`: the latest checkpoint of a job that was killed
-    (it left no result.json); a fresh start for a new job, a failed one, or one whose overrides changed."""
-    latest = run_dir / "checkpoints" / "latest"
-    interrupted = latest.is_file() and not (run_dir / "result.json").exists()
-    spec.config.resume = str(latest.parent / latest.read_text().strip()) if interrupted else None
 
 
 def _fail(err: RunnerError, run_dir: Path) -> float:

@@ -42,6 +42,13 @@ class StartMethod(str, Enum):
     forkserver = "forkserver"
 
 
+class StopSignal(str, Enum):
+    SIGTERM = "SIGTERM"
+    SIGUSR1 = "SIGUSR1"
+    SIGUSR2 = "SIGUSR2"
+    SIGINT = "SIGINT"
+
+
 @dataclass
 class HardwareConfig:
     kind: HardwareKind = HardwareKind.cpu
@@ -113,6 +120,21 @@ class CheckpointConfig:
     """Write checkpoints into <run dir>/checkpoints."""
     every_epoch: bool = True
     """Save at the end of every epoch (the run always saves at its end)."""
+    every_n_steps: Optional[int] = None
+    """Also save every N optimizer steps (None: only at epoch ends and at the end)."""
+    keep_last: Optional[int] = None
+    """Keep only the K newest checkpoints, plus the keep_best ones (None: keep every checkpoint)."""
+    keep_best: int = 0
+    """Also keep the K checkpoints with the best trainer.monitor value (trainer.monitor_mode says which is better).
+    When K > 0, a checkpoint is also saved after every evaluation, the only time the metric is known."""
+    verify: bool = True
+    """Before resuming, check every file's sha256 against the manifest (sizes are always checked)."""
+    export: bool = True
+    """Write <run dir>/export/final.safetensors and best.safetensors (weights only, loadable without the
+    runner) with export/config.yaml, the resolved config."""
+    stop_signals: List[StopSignal] = field(default_factory=lambda: [StopSignal.SIGTERM, StopSignal.SIGUSR1])
+    """On these signals: finish the current optimizer step, save a checkpoint and exit with code 75, so that
+    the same command with resume=auto continues the run. [] leaves every signal's default behaviour."""
 
 
 @dataclass
@@ -147,7 +169,9 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     resume: Optional[str] = None
-    """A checkpoint directory to load model, optimizer and scheduler state from before training."""
+    """Continue a run: `auto` (the newest intact checkpoint of this run dir, or start from scratch when there is
+    none; continue in place with hydra.run.dir=<run dir>), a run dir (its newest intact checkpoint), or one
+    checkpoints/step_N directory. None: a fresh run, refused in a run dir that already holds checkpoints."""
     allowed_targets: List[str] = field(
         default_factory=lambda: ["runner.", "torch.", "datasets.", "transformers.", "timm.", "torchvision."]
     )
@@ -195,3 +219,5 @@ class RunSpec:
     config: RunConfig
     resolved: dict
     run_dir: str
+    resume_from: Optional[str] = None
+    """The verified checkpoint `resume` resolved to in the parent (None: start from scratch)."""

@@ -52,3 +52,17 @@ class LaunchError(RunnerError):
 
 class CheckpointError(RunnerError):
     """A checkpoint could not be written or read back."""
+
+
+PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL (sysexits.h): "try again later", i.e. requeue with resume=auto
+
+
+class Preempted(Exception):
+    """A stop signal arrived; the run finished its optimizer step, saved, and exits with PREEMPTED_EXIT_CODE.
+    Not a RunnerError: nothing is wrong, and the CLI reports it as a stop, not a failure."""
+
+    def __init__(self, signal_name: str, step: int | None, checkpoint):
+        self.signal_name, self.step, self.checkpoint = signal_name, step, checkpoint
+        saved = f"saved {checkpoint}" if checkpoint else "checkpoints are off, nothing was saved"
+        after = f"optimizer step {step}" if step is not None else "the current optimizer step"
+        super().__init__(f"stopped by {signal_name} after {after}; {saved}")

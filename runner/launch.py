@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,7 +21,7 @@ from runner import worker
 from runner.config import HardwareConfig, HardwareKind, RunSpec
 from runner.devices import MULTI_PROCESS_KINDS, parse_gpu_ids, physical_gpu_count
 from runner.dist import DistInfo, cuda_visible_devices, threads_per_process
-from runner.errors import LaunchError
+from runner.errors import PREEMPTED_EXIT_CODE, LaunchError, Preempted
 from runner.failures import root_cause
 
 log = logging.getLogger(__name__)
@@ -147,10 +148,14 @@ def elastic_launch(spec: RunSpec, num_processes: int) -> dict[str, float]:
                                                          hardware.threads_per_process)):
             results = torch_elastic_launch(launch_config(spec, num_processes), worker.run_spawned)(spec)
     except ChildFailedError as err:
+        if all(failure.exitcode == PREEMPTED_EXIT_CODE for failure in err.failures.values()):
+            raise Preempted("a stop signal", None, Path(spec.run_dir) / "checkpoints") from None
         rank, message = root_cause(err.failures)
         raise LaunchError(f"{message}\n  its full log: {Path(spec.run_dir) / f'runner_rank{rank}.log'}") from None
-    except SignalException as err:  # Ctrl-C or a scheduler's SIGTERM: the launcher has stopped the workers
-        raise LaunchError(f"stopped by {err.sigval.name}; the workers were stopped too") from None
+    except SignalException as err:
+        # The agent got the stop signal (a scheduler's SIGTERM, Ctrl-C) and passed it on to the workers, which had
+        # its grace period to finish their step and save before it returned.
+        raise Preempted(signal.Signals(err.sigval).name, None, Path(spec.run_dir) / "checkpoints") from None
     except Exception as err:  # the rendezvous itself failed (a machine never came, a port was taken)
         raise LaunchError(f"the workers could not start: {type(err).__name__}: {err}") from None
     return results[min(results)]

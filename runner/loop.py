@@ -7,22 +7,26 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
 from runner.config import TrainerConfig
 from runner.dist import all_reduce_sum
+from runner.errors import Preempted
+from runner.signals import NoStopSignals
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class TrainState:
-    """Where training stands: optimizer steps taken and the epoch in progress."""
+    """Where training stands: optimizer steps taken, the epoch in progress, and the micro-batches of that epoch
+    already trained on (a resumed run starts its epoch there, without reading them again)."""
 
     step: int = 0
     epoch: int = 0
+    batch_in_epoch: int = 0
 
 
 def planned_steps(settings: TrainerConfig, batches_per_epoch: int) -> tuple[int, int]:
@@ -32,6 +36,10 @@ def planned_steps(settings: TrainerConfig, batches_per_epoch: int) -> tuple[int,
     if settings.max_steps is not None:
         total = min(total, settings.max_steps)
     return steps_per_epoch, total
+
+
+def is_finished(step: int, epoch: int, total_steps: int, max_epochs: int) -> bool:
+    return step >= total_steps or epoch >= max_epochs
 
 
 def evaluate(accelerator, model, batches, task) -> dict[str, float]:
@@ -49,64 +57,88 @@ def evaluate(accelerator, model, batches, task) -> dict[str, float]:
 
 
 class Loop:
-    """One training run over prepared objects. `fit()` returns the final validation metrics."""
+    """One training run over prepared objects. `fit()` returns the final validation metrics.
+
+    Everything that makes a resumed run continue exactly (position, the loss window being averaged, the last
+    evaluation) is in `state_dict()`; the checkpointer decides when to save and `stop` when to stop early."""
 
     def __init__(self, accelerator, model, optimizer, scheduler, train_batches, val_batches, task,
-                 settings: TrainerConfig, logger, progress, checkpointer, checkpoint_every_epoch: bool):
+                 settings: TrainerConfig, logger, progress, checkpointer, stop=None):
         self.accelerator = accelerator
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.train_batches, self.val_batches, self.task = train_batches, val_batches, task
         self.settings = settings
         self.logger, self.progress, self.checkpointer = logger, progress, checkpointer
-        self.checkpoint_every_epoch = checkpoint_every_epoch
+        self.stop = stop or NoStopSignals()
         self.steps_per_epoch, self.total_steps = planned_steps(settings, len(train_batches))
         self.samples_per_micro_batch = settings.batch_size * accelerator.num_processes
         self.state = TrainState()
         self.last_eval_step, self.last_metrics = -1, {}
+        self.step_metrics: dict[str, float] = {}  # everything logged at the current step (for keep-best)
+        self.last_saved: TrainState | None = None
+        self.running_loss = torch.zeros((), device=accelerator.device)
+        self.window_micro_batches = 0
+
+    @property
+    def finished(self) -> bool:
+        return is_finished(self.state.step, self.state.epoch, self.total_steps, self.settings.max_epochs)
 
     def fit(self) -> dict[str, float]:
         self.progress.update(self.state.step)
-        while self.state.step < self.total_steps and self.state.epoch < self.settings.max_epochs:
+        while not self.finished:
             self.train_epoch()
-            if self.state.step >= self.total_steps or self.state.epoch >= self.settings.max_epochs:
+            if self.finished:
                 break
             if self.settings.eval_every_steps is None:
                 self.evaluate_and_log()
-            if self.checkpoint_every_epoch:
+            evaluated = self.last_eval_step == self.state.step  # here, or on the epoch's last step
+            if self.checkpointer.every_epoch or self.checkpointer.due(self.state.step, evaluated):
                 self.save()
         final = self.last_metrics if self.last_eval_step == self.state.step else self.evaluate_and_log()
-        self.save()
+        self.save(final=True)
+        self.checkpointer.wait()
         self.progress.close()
         return final
 
     def train_epoch(self) -> None:
         """Train until the epoch ends (then count it) or the step budget is spent."""
         settings, accumulate = self.settings, self.settings.grad_accum_steps
-        self.train_batches.set_epoch(self.state.epoch)
-        running_loss = torch.zeros((), device=self.accelerator.device)
-        micro_batches, window_start = 0, time.perf_counter()
-        for index, batch in enumerate(self.train_batches):
+        start = self.state.batch_in_epoch
+        if start == 0:  # a new epoch starts a new loss window; a resumed one continues the restored window
+            self.running_loss.zero_()
+            self.window_micro_batches = 0
+        self.train_batches.set_epoch(self.state.epoch, start)
+        window_start = time.perf_counter()
+        for index, batch in enumerate(self.train_batches, start=start):
             if index >= self.steps_per_epoch * accumulate:
                 break  # the tail that cannot fill a whole accumulation cycle
             loss = self.micro_step(batch)
-            running_loss += loss.detach()
-            micro_batches += 1
+            self.running_loss += loss.detach()
+            self.window_micro_batches += 1
             if not self.accelerator.sync_gradients:
                 continue
             grad_norm = self.optimizer_step()
             self.state.step += 1
+            self.state.batch_in_epoch = index + 1
             self.progress.update()
             if self.state.step % settings.log_every_steps == 0 or self.state.step == self.total_steps:
-                self.log_train(running_loss, micro_batches, window_start, grad_norm)
-                running_loss.zero_()
-                micro_batches, window_start = 0, time.perf_counter()
-            if settings.eval_every_steps and self.state.step % settings.eval_every_steps == 0:
+                self.log_train(self.window_micro_batches, window_start, grad_norm)
+                self.running_loss.zero_()
+                self.window_micro_batches, window_start = 0, time.perf_counter()
+            evaluated = bool(settings.eval_every_steps and self.state.step % settings.eval_every_steps == 0)
+            if evaluated:
                 self.evaluate_and_log()
+            epoch_ends = index + 1 == self.steps_per_epoch * accumulate  # then fit() saves after the epoch
+            if not epoch_ends and self.state.step < self.total_steps and self.checkpointer.due(self.state.step, evaluated):
+                self.save()
+            if self.stop.requested():
+                self.stop_now()
             if self.state.step >= self.total_steps:
                 if index + 1 < self.steps_per_epoch * accumulate:
                     return  # stopped inside the epoch: it does not count as done
                 break
         self.state.epoch += 1
+        self.state.batch_in_epoch = 0
 
     def micro_step(self, batch) -> torch.Tensor:
         # accumulate() skips DDP's gradient all-reduce on all but the last micro-batch of a cycle;
@@ -127,28 +159,70 @@ class Loop:
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm
 
-    def log_train(self, running_loss: torch.Tensor, micro_batches: int, window_start: float, grad_norm) -> None:
+    def log_train(self, micro_batches: int, window_start: float, grad_norm) -> None:
         elapsed = max(time.perf_counter() - window_start, 1e-9)
         metrics = {
-            "train/loss": all_reduce_sum(running_loss).item() / (micro_batches * self.accelerator.num_processes),
+            "train/loss": all_reduce_sum(self.running_loss).item() / (micro_batches * self.accelerator.num_processes),
             "train/lr": self.optimizer.param_groups[0]["lr"],
             "train/samples_per_s": micro_batches * self.samples_per_micro_batch / elapsed,
         }
         if grad_norm is not None:
             metrics["train/grad_norm"] = float(grad_norm)
-        self.logger.log(self.state.step, metrics)
+        self.log(metrics)
         self.progress.show({"loss": metrics["train/loss"], "samples/s": metrics["train/samples_per_s"]})
 
     def evaluate_and_log(self) -> dict[str, float]:
         metrics = evaluate(self.accelerator, self.model, self.val_batches, self.task)
-        self.logger.log(self.state.step, metrics)
+        self.log(metrics)
         self.last_eval_step, self.last_metrics = self.state.step, metrics
         log.info("step %d: %s", self.state.step, ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
         return metrics
 
-    def save(self) -> None:
-        model = self.accelerator.unwrap_model(self.model)
-        path = self.checkpointer.save(self.state.step, self.state.epoch, model, self.optimizer, self.scheduler,
-                                      self.accelerator.scaler)
+    def log(self, metrics: dict[str, float]) -> None:
+        if self.step_metrics.get("step") != self.state.step:
+            self.step_metrics = {"step": self.state.step}
+        self.step_metrics.update(metrics)
+        self.logger.log(self.state.step, metrics)
+
+    def save(self, final: bool = False) -> None:
+        if self.last_saved == self.state:
+            return  # nothing happened since: e.g. a stop signal right after a scheduled save
+        metrics = self.step_metrics if self.step_metrics.get("step") == self.state.step else {}
+        path = self.checkpointer.save(
+            self.accelerator.unwrap_model(self.model), self.state_dict(), asdict(self.state),
+            {name: value for name, value in metrics.items() if name != "step"}, final=final,
+        )
+        self.last_saved = replace(self.state)
         if path is not None:
             log.info("checkpoint saved: %s", path)
+
+    def stop_now(self) -> None:
+        """A stop signal arrived: save where we are (unless just saved) and leave the run through Preempted."""
+        self.save()
+        self.checkpointer.wait()  # sealed, and every rank here, before any process exits
+        self.progress.close()
+        raise Preempted(self.stop.name, self.state.step, self.checkpointer.last_path)
+
+    def state_dict(self) -> dict:
+        """Everything a resumed run needs to continue exactly like this one."""
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "scaler": self.accelerator.scaler.state_dict() if self.accelerator.scaler is not None else None,
+            "per_rank": {"running_loss": self.running_loss.detach().cpu()},  # each rank's own share of the window
+            "loop": {
+                **asdict(self.state),
+                "window_micro_batches": self.window_micro_batches,
+                "last_eval_step": self.last_eval_step,
+                "last_metrics": dict(self.last_metrics),
+            },
+        }
+
+    def load_state_dict(self, loop_state: dict, this_rank: dict) -> None:
+        """The "loop" and this process's "per_rank" parts of `state_dict()` (model, optimizer, scheduler and
+        scaler are restored by the caller)."""
+        self.state = TrainState(loop_state["step"], loop_state["epoch"], loop_state["batch_in_epoch"])
+        self.running_loss = this_rank["running_loss"].to(self.accelerator.device)
+        self.window_micro_batches = loop_state["window_micro_batches"]
+        self.last_eval_step, self.last_metrics = loop_state["last_eval_step"], dict(loop_state["last_metrics"])
+        self.last_saved = replace(self.state)

@@ -17,13 +17,20 @@ import yaml
 class MetricsLogger:
     """Scalars to TensorBoard (`<run dir>/tensorboard`) and one JSON object per logged step to metrics.jsonl."""
 
-    def __init__(self, run_dir: Path, tensorboard: bool = True, jsonl: bool = True):
+    def __init__(self, run_dir: Path, tensorboard: bool = True, jsonl: bool = True, start_step: int = 0):
+        """`start_step`: the step a resumed run continues after; what an interrupted run logged beyond it is
+        dropped (TensorBoard's purge_step, and the later lines of metrics.jsonl), so no step appears twice."""
         self._writer = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
-        self._jsonl = open(run_dir / "metrics.jsonl", "a", encoding="utf-8") if jsonl else None
+            resumed = (run_dir / "tensorboard").is_dir()
+            self._writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"),
+                                         purge_step=start_step + 1 if resumed else None)
+        self._jsonl = None
+        if jsonl:
+            _drop_rows_after(run_dir / "metrics.jsonl", start_step)
+            self._jsonl = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if self._writer:
@@ -73,8 +80,21 @@ class NullLogger:
         pass
 
 
-def make_logger(run_dir: Path, is_main: bool, tensorboard: bool, jsonl: bool) -> MetricsLogger | NullLogger:
-    return MetricsLogger(run_dir, tensorboard, jsonl) if is_main else NullLogger()
+def make_logger(run_dir: Path, is_main: bool, tensorboard: bool, jsonl: bool,
+                start_step: int = 0) -> MetricsLogger | NullLogger:
+    return MetricsLogger(run_dir, tensorboard, jsonl, start_step) if is_main else NullLogger()
+
+
+def _drop_rows_after(path: Path, step: int) -> None:
+    """Keep the rows up to `step` of an interrupted run's metrics.jsonl (rewritten atomically)."""
+    if not path.is_file():
+        return
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= step]
+    if len(kept) != len(lines):
+        partial = path.with_name(f".partial-{path.name}")
+        partial.write_text("".join(kept), encoding="utf-8")
+        partial.replace(path)
 
 
 def write_hparams_session(log_dir: Path, hparams: dict[str, Any], metrics: dict[str, float]) -> None:

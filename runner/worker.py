@@ -10,7 +10,7 @@ from pathlib import Path
 
 from runner.accelerator import Accelerator, set_seed
 from runner.build import build_data, build_model, build_optimizer, build_scheduler, build_task
-from runner.checkpoint import Checkpointer, load_checkpoint
+from runner.checkpoint import Checkpointer, apply_rng, restore
 from runner.config import HardwareKind, RunConfig, RunSpec
 from runner.data.batches import make_batches
 from runner.devices import device_for, resolve_kind
@@ -24,10 +24,11 @@ from runner.dist import (
     local_main_first,
     threads_per_process,
 )
-from runner.errors import LaunchError
+from runner.errors import PREEMPTED_EXIT_CODE, LaunchError, Preempted
 from runner.failures import PEER_LOST_GRACE_S, PeerLost, mark_step, worker_failure
-from runner.loop import Loop, TrainState, planned_steps
+from runner.loop import Loop, is_finished, planned_steps
 from runner.metrics import Progress, make_logger
+from runner.signals import StopSignals
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ def run(spec: RunSpec, keep_process_group: bool = False) -> dict[str, float]:
         device, spec.config.precision.kind, dist, spec.config.trainer.grad_accum_steps,
         tpu=resolve_kind(spec.config.hardware.kind) is HardwareKind.tpu,
     )
-    final = train(spec.config, spec.resolved, Path(spec.run_dir), accelerator)
+    final = train(spec.config, spec.resolved, Path(spec.run_dir), accelerator, spec.resume_from)
     # Only after success: a failing rank keeps its connections until it exits, after it has reported its error, so
     # its peers (which fail when those connections drop) cannot be reported first and hide the root cause.
     if not keep_process_group:
@@ -61,7 +62,8 @@ def run(spec: RunSpec, keep_process_group: bool = False) -> dict[str, float]:
     return final
 
 
-def train(config: RunConfig, resolved: dict, run_dir: Path, accelerator: Accelerator) -> dict[str, float]:
+def train(config: RunConfig, resolved: dict, run_dir: Path, accelerator: Accelerator,
+          resume_from: str | None = None) -> dict[str, float]:
     trainer, is_main = config.trainer, accelerator.is_main_process
     set_seed(config.seed)
     # fp8 swaps Linear layers for Float8Linear: before the optimizer is built from the parameters.
@@ -88,26 +90,49 @@ def train(config: RunConfig, resolved: dict, run_dir: Path, accelerator: Acceler
     _, total_steps = planned_steps(trainer, len(train_batches))
     scheduler = accelerator.prepare(build_scheduler(config.scheduler, optimizer, total_steps))
 
-    logger = make_logger(run_dir, is_main, config.logging.tensorboard, config.logging.jsonl)
+    restored = _restore(resume_from, model, optimizer, scheduler, accelerator, resolved) if resume_from else None
+    if restored and is_finished(restored["loop"]["step"], restored["loop"]["epoch"], total_steps, trainer.max_epochs):
+        log.info("the run already finished at step %d (%s); nothing to do", restored["loop"]["step"], resume_from)
+        return dict(restored["loop"]["last_metrics"])
+
+    logger = make_logger(run_dir, is_main, config.logging.tensorboard, config.logging.jsonl,
+                         start_step=restored["loop"]["step"] if restored else 0)
+    checkpointer = Checkpointer(run_dir, config.checkpoint, writer=is_main, monitor=trainer.monitor,
+                                monitor_mode=trainer.monitor_mode, world_size=accelerator.num_processes, resolved=resolved)
+    stop = StopSignals(config.checkpoint.stop_signals, accelerator.dist.is_distributed, accelerator.device)
     loop = Loop(
         accelerator, prepared_model, prepared_optimizer, scheduler, train_batches, val_batches, task, trainer,
         logger=logger,
         progress=Progress(total_steps, enabled=is_main and trainer.progress_bar),
-        checkpointer=Checkpointer(run_dir / "checkpoints", enabled=is_main and config.checkpoint.enabled),
-        checkpoint_every_epoch=config.checkpoint.every_epoch,
+        checkpointer=checkpointer,
+        stop=stop,
     )
-    if config.resume:
-        loop.state = TrainState(**load_checkpoint(Path(config.resume), model, optimizer, scheduler, accelerator.scaler))
-        log.info("resumed from %s at step %d", config.resume, loop.state.step)
-    logger.log_config(resolved)
+    if restored:
+        loop.load_state_dict(restored["loop"], restored["this_rank"])
+        checkpointer.load_state_dict(restored["checkpointer"])
+        apply_rng(restored)  # last: nothing after this draws random numbers before training continues
+    else:
+        logger.log_config(resolved)
     try:
-        final = loop.fit()
+        with stop:
+            final = loop.fit()
+        logger.log_hparams(resolved, final)
     except Exception as err:
         mark_step(err, loop.state.step)
         raise
-    logger.log_hparams(resolved, final)
-    logger.close()
+    finally:
+        logger.close()
     return final
+
+
+def _restore(resume_from: str, model, optimizer, scheduler, accelerator: Accelerator, resolved: dict) -> dict:
+    """Load the checkpoint the parent chose into the built objects (RNG comes last, in `train`)."""
+    restored = restore(Path(resume_from), model, optimizer, scheduler, accelerator.scaler, rank=accelerator.dist.rank,
+                       world_size=accelerator.num_processes, resolved=resolved)
+    position = restored["loop"]
+    log.info("resumed from %s: step %d, epoch %d, batch %d of the epoch", resume_from, position["step"],
+             position["epoch"], position["batch_in_epoch"])
+    return restored
 
 
 def run_spawned(spec: RunSpec) -> dict[str, float]:
@@ -118,6 +143,9 @@ def run_spawned(spec: RunSpec) -> dict[str, float]:
     _log_to_rank_file(Path(spec.run_dir) / f"runner_rank{dist.rank}.log")
     try:
         return run(spec)
+    except Preempted as stop:
+        log.info("%s", stop)
+        raise SystemExit(PREEMPTED_EXIT_CODE)  # the launcher reports it; launch.py turns it back into Preempted
     except Exception as err:
         log.exception("rank %d failed", dist.rank)
         failure = worker_failure(dist.rank, err)

@@ -37,8 +37,10 @@ class CliResult:
         return self.stdout + self.stderr
 
     def run_dirs(self) -> list[Path]:
-        """Run dirs (single runs and sweep jobs) under cwd/outputs that hold a config.yaml, oldest first."""
-        return sorted(path.parent for path in (self.cwd / "outputs").rglob("config.yaml") if ".hydra" not in path.parts)
+        """Run dirs (single runs and sweep jobs) under cwd/outputs: a config.yaml next to .hydra/ (checkpoints and
+        export/ hold copies of config.yaml too), oldest first."""
+        return sorted(path.parent for path in (self.cwd / "outputs").rglob("config.yaml")
+                      if ".hydra" not in path.parts and (path.parent / ".hydra").is_dir())
 
     def run_dir(self) -> Path:
         dirs = self.run_dirs()

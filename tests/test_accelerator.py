@@ -366,8 +366,7 @@ def run_loop(batch_size: int, grad_accum_steps: int, steps: int = 3):
     )
     logger = RecordingLogger()
     Loop(accelerator, model, optimizer, None, train, val, Classification(), settings, logger=logger,
-         progress=Progress(steps, enabled=False), checkpointer=Checkpointer(None, enabled=False),
-         checkpoint_every_epoch=False).fit()
+         progress=Progress(steps, enabled=False), checkpointer=Checkpointer.disabled()).fit()
     return [metrics["train/loss"] for _, metrics in logger.rows if "train/loss" in metrics], model
 
 

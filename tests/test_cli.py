@@ -40,7 +40,7 @@ def test_default_run_writes_a_complete_run_dir(cli):
     weights = load_file(checkpoint / "model.safetensors")
     assert weights["head.weight"].shape == (10, 64)
     state = torch.load(checkpoint / "state.pt", weights_only=True)
-    assert state["step"] == 6 and state["optimizer"]["state"]
+    assert state["loop"]["step"] == 6 and state["optimizer"]["state"]
     assert state["scheduler"]["last_epoch"] == 6
     # The final line names the monitored metric's value, the same one TensorBoard holds.
     assert f"val/accuracy={accuracy:.4f}" in result.output

@@ -94,7 +94,9 @@ def test_schema_keys_are_frozen():
          "main_process_ip", "main_process_port", "timeout_s", "shutdown_timeout_s"]
     )
     assert sorted(structured.precision.keys()) == ["fp8_emulation", "kind"]
-    assert sorted(structured.checkpoint.keys()) == ["enabled", "every_epoch"]
+    assert sorted(structured.checkpoint.keys()) == sorted(
+        ["enabled", "every_epoch", "every_n_steps", "keep_last", "keep_best", "verify", "export", "stop_signals"]
+    )
     assert sorted(structured.logging.keys()) == ["jsonl", "tensorboard"]
 
 

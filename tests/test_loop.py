@@ -21,12 +21,22 @@ class RecordingLogger(NullLogger):
 
 
 class RecordingCheckpointer:
-    def __init__(self):
-        self.steps = []
+    """The interface the loop uses: cadence questions and save() with plain state dicts."""
 
-    def save(self, step, epoch, model, optimizer, scheduler=None, scaler=None):
-        self.steps.append((step, epoch))
+    def __init__(self, every_epoch: bool = True):
+        self.steps = []
+        self.every_epoch = every_epoch
+        self.last_path = None
+
+    def due(self, step, evaluated):
+        return False
+
+    def save(self, model, state, position, metrics, final=False):
+        self.steps.append((position["step"], position["epoch"]))
         return None
+
+    def wait(self):
+        pass
 
 
 def _loop(settings: TrainerConfig, rows: int = 64, every_epoch: bool = True):
@@ -38,9 +48,9 @@ def _loop(settings: TrainerConfig, rows: int = 64, every_epoch: bool = True):
     accelerator = Accelerator("cpu")
     train = TensorBatches(data, settings.batch_size, shuffle=True, seed=0)
     val = TensorBatches(data, 16, shuffle=False, seed=0)
-    logger, checkpointer = RecordingLogger(), RecordingCheckpointer()
+    logger, checkpointer = RecordingLogger(), RecordingCheckpointer(every_epoch)
     loop = Loop(accelerator, model, optimizer, None, train, val, Classification(), settings, logger,
-                Progress(0, enabled=False), checkpointer, checkpoint_every_epoch=every_epoch)
+                Progress(0, enabled=False), checkpointer)
     return loop, logger, checkpointer
 
 

@@ -33,11 +33,13 @@ class _Batches:
         self.seed = seed
         self.drop_last = drop_last
         self.epoch = 0
+        self.start = 0
         self.rank, self.world_size = 0, 1
 
-    def set_epoch(self, epoch: int) -> None:
-        """Reshuffle for this epoch (call before iterating, like DistributedSampler.set_epoch)."""
-        self.epoch = epoch
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Reshuffle for this epoch (call before iterating, like DistributedSampler.set_epoch) and begin at its
+        batch `start`: a resumed run skips the batches it already trained on without reading them."""
+        self.epoch, self.start = epoch, start
 
     def shard(self, rank: int, world_size: int) -> "_Batches":
         """Give this process every world_size-th row of each epoch's order (disjoint across ranks)."""
@@ -73,8 +75,9 @@ class _Batches:
         return order[self.rank :: self.world_size]
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        # One split() makes every batch's row view at once, cheaper than slicing the order once per batch.
-        yield from map(self._fetch, self._order().split(self.batch_size)[: len(self)])
+        # One split() makes every batch's row view at once, cheaper than slicing the order once per batch;
+        # a resumed epoch starts at batch `start`, never reading the ones before it.
+        yield from map(self._fetch, self._order().split(self.batch_size)[self.start : len(self)])
 
     def _fetch(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         raise NotImplementedError

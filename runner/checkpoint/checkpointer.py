@@ -1,0 +1,243 @@
+"""When to save, what goes in, which checkpoints to keep, and what gets exported; and loading one back.
+
+The loop hands over plain state dicts and its position; every process calls `save` (the RNG states of all ranks
+are gathered), the writing process (rank 0) writes once, and all wait at a barrier so no rank runs ahead of a
+checkpoint that is still being written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+import yaml
+from safetensors.torch import load_model, save_model
+from torch import nn
+
+from runner.checkpoint import files
+from runner.checkpoint.rng import capture_rng, restore_rng
+from runner.config import CheckpointConfig, MonitorMode
+from runner.dist import all_gather_object, barrier
+from runner.errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+MODEL_FILE = "model.safetensors"
+STATE_FILE = "state.pt"
+CONFIG_FILE = "config.yaml"
+EXPORT_DIR = "export"
+
+
+def config_hash(resolved: dict) -> str:
+    """A stable hash of the resolved config, `resume` left out (it changes between the run and its resumption)."""
+    relevant = {key: value for key, value in resolved.items() if key != "resume"}
+    return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=str).encode()).hexdigest()
+
+
+class Checkpointer:
+    """Saves into `<run dir>/checkpoints` on a cadence, keeps the last/best K, exports final and best weights."""
+
+    def __init__(self, run_dir: Path, settings: CheckpointConfig, *, writer: bool, monitor: str,
+                 monitor_mode: MonitorMode, world_size: int, resolved: dict):
+        self.directory = run_dir / "checkpoints"
+        self.export_dir = run_dir / EXPORT_DIR
+        self.settings = settings
+        self.writer = writer and settings.enabled
+        self.monitor, self.maximize = monitor, MonitorMode(monitor_mode) is MonitorMode.max
+        self.world_size = world_size
+        self.resolved = resolved
+        self.best: dict | None = None  # {"step", "value"} of the best monitored value saved so far
+        self.last_path: Path | None = None  # the newest checkpoint written by this process
+        # Sealing (hashing, fsync, manifest, rename, export, pruning) runs in one background thread while
+        # training goes on; the next save, wait() and the end of the run wait for it.
+        self._sealer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint") if self.writer else None
+        self._pending: Future | None = None
+        if self.writer and self.directory.is_dir():
+            for leftover in files.remove_leftovers(self.directory):
+                log.warning("removed %s, left by an interrupted checkpoint write", leftover)
+
+    @classmethod
+    def disabled(cls) -> "Checkpointer":
+        """One that never saves: for a Loop run in-process without checkpoints."""
+        return cls(Path("."), CheckpointConfig(enabled=False), writer=False, monitor="", monitor_mode=MonitorMode.max,
+                   world_size=1, resolved={})
+
+    @property
+    def every_epoch(self) -> bool:
+        return self.settings.enabled and self.settings.every_epoch
+
+    def due(self, step: int, evaluated: bool) -> bool:
+        """Whether the cadence asks for a checkpoint after this optimizer step."""
+        every = self.settings.every_n_steps
+        return self.settings.enabled and (bool(every and step % every == 0) or (evaluated and self.settings.keep_best > 0))
+
+    def state_dict(self) -> dict:
+        return {"best": self.best}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.best = state.get("best")
+
+    def save(self, model: nn.Module, state: dict, position: dict, metrics: dict, final: bool = False) -> Path | None:
+        """Write one checkpoint. `position` holds step, epoch, batch_in_epoch; `metrics` those logged at this step.
+        Returns once the files are written (training may go on); the checkpoint appears when sealed."""
+        if not self.settings.enabled:
+            return None
+        # A collective (every process takes part): what differs between ranks, RNG included, is kept per rank.
+        per_rank = all_gather_object({**state.get("per_rank", {}), "rng": capture_rng()})
+        path = None
+        if self.writer:
+            self._finish_pending()
+            improved = self._track_best(position["step"], metrics.get(self.monitor))
+            state = {**state, "per_rank": per_rank, "checkpointer": self.state_dict()}
+            path = self._write(model, state, position, metrics, improved, final)
+        barrier()
+        # Every rank knows where rank 0 wrote (resuming assumes a file system all ranks share).
+        self.last_path = self.directory / files.checkpoint_name(position["step"])
+        return path
+
+    def wait(self) -> None:
+        """Until the last checkpoint is sealed (a background failure is raised here), then line all ranks up."""
+        if self.writer:
+            self._finish_pending()
+        barrier()
+
+    def _finish_pending(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def _track_best(self, step: int, value: float | None) -> bool:
+        improved = value is not None and math.isfinite(value) and (
+            self.best is None or (value > self.best["value"] if self.maximize else value < self.best["value"]))
+        if improved:
+            self.best = {"step": step, "value": value}
+        return improved
+
+    def _write(self, model: nn.Module, state: dict, position: dict, metrics: dict, improved: bool, final: bool) -> Path:
+        value = metrics.get(self.monitor)
+        manifest = {
+            **position,
+            "world_size": self.world_size,
+            "config_hash": config_hash(self.resolved),
+            "monitor": self.monitor,
+            "monitor_value": value if value is not None and math.isfinite(value) else None,
+            "metrics": metrics,
+        }
+        writers = {
+            MODEL_FILE: lambda path: save_model(model, str(path)),
+            STATE_FILE: lambda path: torch.save(state, path),
+            CONFIG_FILE: lambda path: path.write_text(yaml.safe_dump(self.resolved, sort_keys=False), encoding="utf-8"),
+        }
+        name = files.checkpoint_name(position["step"])
+        files.write_files(self.directory, name, writers)
+        about = {"step": position["step"], self.monitor: value}
+        self._pending = self._sealer.submit(self._seal, name, manifest, about, improved, final)
+        return self.directory / name
+
+    def _seal(self, name: str, manifest: dict, about: dict, best: bool, final: bool) -> Path:
+        path = files.seal(self.directory, name, manifest)
+        try:
+            if self.settings.export and (best or final):
+                self._export(path, about, best, final)
+            self._apply_retention()
+        except OSError as err:
+            raise CheckpointError(f"checkpoint: saved {path}, but exporting or pruning failed: {err}") from err
+        return path
+
+    def _export(self, path: Path, about: dict, best: bool, final: bool) -> None:
+        """Weights as standalone safetensors files plus the resolved config, readable without the runner."""
+        self.export_dir.mkdir(exist_ok=True)
+        (self.export_dir / CONFIG_FILE).write_text(yaml.safe_dump(self.resolved, sort_keys=False), encoding="utf-8")
+        for wanted, name in ((best, "best"), (final, "final")):
+            if wanted:
+                files.copy_durably(path / MODEL_FILE, self.export_dir / f"{name}.safetensors")
+                (self.export_dir / f"{name}.json").write_text(json.dumps(about), encoding="utf-8")
+
+    def _apply_retention(self) -> None:
+        keep_last, keep_best = self.settings.keep_last, self.settings.keep_best
+        if keep_last is None:
+            return
+        found = files.complete_checkpoints(self.directory)
+        keep = {path for path, _ in found[-keep_last:]}
+        scored = [(manifest["monitor_value"], path) for path, manifest in found
+                  if manifest.get("monitor_value") is not None and manifest.get("monitor") == self.monitor]
+        scored.sort(key=lambda item: item[0], reverse=self.maximize)
+        keep |= {path for _, path in scored[:keep_best]}
+        for path, _ in found:
+            if path not in keep:
+                files.remove_checkpoint(path)
+
+
+def restore(path: Path, model: nn.Module, optimizer=None, scheduler=None, scaler=None, *, rank: int = 0,
+            world_size: int = 1, resolved: dict | None = None) -> dict:
+    """Load a (verified) checkpoint into these objects; returns the saved state dict: "loop" and "checkpointer"
+    for their owners, "this_rank" for what was saved per process (RNG: see apply_rng). Refuses a checkpoint written
+    with another number of processes, and one whose weights do not fit the model."""
+    manifest = files.read_manifest(path)
+    if manifest is None:
+        raise CheckpointError(f"resume: {path} is not a complete checkpoint (no valid {files.MANIFEST})")
+    if manifest["world_size"] != world_size:
+        raise CheckpointError(
+            f"resume: {path} was written by a run with {manifest['world_size']} process(es) and this run has "
+            f"{world_size}. The batch order, the gradient average and the RNG states are per process, so it cannot "
+            f"continue exactly: resume with hardware.num_processes={manifest['world_size']}, or start a new run "
+            f"from its weights ({path / MODEL_FILE})"
+        )
+    if resolved is not None and manifest["config_hash"] != config_hash(resolved):
+        _warn_config_changes(path, resolved)
+    _load_weights(path, model)
+    # mmap: tensors are read from the (usually cached) file as load_state_dict copies them, not read twice.
+    state = torch.load(path / STATE_FILE, weights_only=True, map_location="cpu", mmap=True)
+    for obj, key in ((optimizer, "optimizer"), (scheduler, "scheduler"), (scaler, "scaler")):
+        if obj is not None and state.get(key) is not None:
+            try:
+                obj.load_state_dict(state[key])
+            except (ValueError, KeyError, RuntimeError) as err:
+                raise CheckpointError(f"resume: the {key} state in {path} does not fit this run's {key}: {err}") from err
+    state["manifest"] = manifest
+    state["this_rank"] = state["per_rank"][rank]
+    return state
+
+
+def _load_weights(path: Path, model: nn.Module) -> None:
+    try:
+        missing, unexpected = load_model(model, str(path / MODEL_FILE), strict=False)
+    except RuntimeError as err:
+        first = str(err).strip().splitlines()
+        raise CheckpointError(f"resume: the weights in {path} do not fit this model: "
+                              f"{' '.join(line.strip() for line in first[:3])}") from err
+    if missing or unexpected:
+        raise CheckpointError(
+            f"resume: the weights in {path} do not fit this model: missing {sorted(missing)}, "
+            f"unexpected {sorted(unexpected)}"
+        )
+
+
+def _warn_config_changes(path: Path, resolved: dict) -> None:
+    try:
+        saved = yaml.safe_load((path / CONFIG_FILE).read_text(encoding="utf-8"))
+    except OSError:
+        saved = {}
+    before, now = _flatten(saved or {}), _flatten(resolved)
+    changed = sorted(key for key in before.keys() | now.keys() if key != "resume" and before.get(key) != now.get(key))
+    log.warning("resume: the config differs from the one that wrote %s (%s); the run continues with the new "
+                "values and is no longer an exact continuation", path, ", ".join(changed) or "formatting only")
+
+
+def _flatten(tree, prefix: str = "") -> dict:
+    if not isinstance(tree, dict):
+        return {prefix.rstrip("."): tree}
+    flat = {}
+    for key, value in tree.items():
+        flat.update(_flatten(value, f"{prefix}{key}."))
+    return flat
+
+
+def apply_rng(state: dict) -> None:
+    """Restore this rank's RNG last, right before training continues, so nothing built after draws from it."""
+    restore_rng(state["this_rank"]["rng"])

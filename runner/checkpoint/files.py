@@ -1,0 +1,229 @@
+"""One checkpoint directory on disk: atomic write, manifest, verification, listing, deletion.
+
+    checkpoints/
+      step_00000120/        one complete checkpoint
+        model.safetensors   weights (safe to load: no code runs)
+        state.pt            optimizer, scheduler, scaler, loop position, RNG (torch.load(weights_only=True))
+        config.yaml         the resolved config that produced it
+        manifest.json       written last: step, epoch, position, world size, config hash, each file's size
+                            and the sha256 of each of its 64 MiB blocks
+      latest                the name of the newest complete checkpoint
+
+Files are written into `.partial-step_N/`, fsynced, hashed, the manifest written and fsynced last, then the
+directory is renamed into place and the parent fsynced; only then does `latest` move (itself written to a
+temporary name and renamed). A crash at any moment leaves every earlier checkpoint untouched, and a directory
+without a valid manifest is never treated as a checkpoint.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable
+
+from runner.errors import CheckpointError
+
+MANIFEST = "manifest.json"
+LATEST = "latest"
+FORMAT_VERSION = 1
+PARTIAL_PREFIX = ".partial-"
+TRASH_PREFIX = ".trash-"
+_CHUNK = 8 * 2**20
+BLOCK = 64 * 2**20  # files are hashed in blocks of this size, in parallel
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def write_checkpoint(directory: Path, name: str, writers: dict[str, Callable[[Path], None]], manifest: dict) -> Path:
+    """Write one checkpoint atomically: `write_files`, then `seal`."""
+    write_files(directory, name, writers)
+    return seal(directory, name, manifest)
+
+
+def write_files(directory: Path, name: str, writers: dict[str, Callable[[Path], None]]) -> None:
+    """Each `writers[file](path)` writes one file into `.partial-<name>/`: the part that must finish before training
+    changes any tensor again. Any OSError (a full disk included) removes the partial directory and raises
+    CheckpointError; earlier checkpoints and `latest` are untouched."""
+    partial = directory / f"{PARTIAL_PREFIX}{name}"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir()
+        for file_name, write in writers.items():
+            write(partial / file_name)
+    except OSError as err:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise CheckpointError(_write_failure(directory / name, err, directory)) from err
+
+
+def seal(directory: Path, name: str, manifest: dict) -> Path:
+    """Hash and fsync the written files, write the manifest last, rename the directory into place, fsync the
+    parent, move `latest`. Touches nothing the training uses, so it may run in a background thread."""
+    final = directory / name
+    partial = directory / f"{PARTIAL_PREFIX}{name}"
+    try:
+        files = _hash_and_flush(sorted(path for path in partial.iterdir()))
+        _write_text_durably(partial / MANIFEST, json.dumps({"format": FORMAT_VERSION, **manifest, "files": files},
+                                                           indent=1))
+        fsync_path(partial)
+        _replace_dir(partial, final)
+        fsync_path(directory)
+        write_pointer(directory, name)
+    except OSError as err:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise CheckpointError(_write_failure(final, err, directory)) from err
+    return final
+
+
+def _hash_and_flush(paths: list[Path]) -> dict[str, dict]:
+    """Block hashes (every core) and fsync of every file, in threads: hashing (CPU, from the page cache) overlaps
+    the wait for the disk, and both release the GIL."""
+    with ThreadPoolExecutor(max_workers=len(paths)) as pool:
+        flushed = [pool.submit(fsync_path, path) for path in paths]
+        digests = block_digests(paths)
+        for future in flushed:
+            future.result()
+    return {path.name: {"size": path.stat().st_size, "sha256": digests[path]} for path in paths}
+
+
+def _offsets(path: Path) -> range:
+    return range(0, max(path.stat().st_size, 1), BLOCK)
+
+
+def _replace_dir(partial: Path, final: Path) -> None:
+    """rename(2) cannot replace a non-empty directory: move an old one (same step, e.g. a damaged copy) aside."""
+    if final.exists():
+        trash = final.with_name(f"{TRASH_PREFIX}{final.name}")
+        shutil.rmtree(trash, ignore_errors=True)
+        (final / MANIFEST).unlink(missing_ok=True)  # from here on it is incomplete, never loaded by mistake
+        os.replace(final, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+    os.replace(partial, final)
+
+
+def write_pointer(directory: Path, name: str) -> None:
+    _write_text_durably(directory / LATEST, name, temporary=directory / f"{PARTIAL_PREFIX}{LATEST}")
+
+
+def _write_text_durably(path: Path, text: str, temporary: Path | None = None) -> None:
+    temporary = temporary or path
+    with open(temporary, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    if temporary != path:
+        os.replace(temporary, path)
+
+
+def _write_failure(final: Path, err: OSError, directory: Path) -> str:
+    previous = read_pointer(directory)
+    kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint was touched"
+    if err.errno == errno.ENOSPC:
+        return (f"checkpoint: the disk is full while writing {final} ({err.strerror}); the partial files were "
+                f"removed and {kept}. Free space, or keep fewer checkpoints with checkpoint.keep_last=K")
+    return f"checkpoint: could not write {final} ({err}); the partial files were removed and {kept}"
+
+
+def block_digests(paths: list[Path]) -> dict[Path, list[str]]:
+    """sha256 of each BLOCK-byte block of each file, hashed in parallel (one block per task), so checking a large
+    checkpoint uses every core instead of one."""
+    tasks = [(path, offset) for path in paths for offset in _offsets(path)]
+    with ThreadPoolExecutor(max_workers=min(len(tasks), os.cpu_count() or 1)) as pool:
+        hashed = list(pool.map(lambda task: _block_sha256(*task), tasks))
+    digests: dict[Path, list[str]] = {path: [] for path in paths}
+    for (path, _), digest in zip(tasks, hashed):
+        digests[path].append(digest)
+    return digests
+
+
+def _block_sha256(path: Path, offset: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        handle.seek(offset)
+        remaining = BLOCK
+        while remaining and (chunk := handle.read(min(_CHUNK, remaining))):
+            digest.update(chunk)
+            remaining -= len(chunk)
+    return digest.hexdigest()
+
+
+def fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_pointer(directory: Path) -> str | None:
+    pointer = directory / LATEST
+    return pointer.read_text(encoding="utf-8").strip() if pointer.is_file() else None
+
+
+def read_manifest(path: Path) -> dict | None:
+    """The checkpoint's manifest, or None when it has none (incomplete) or it cannot be parsed."""
+    try:
+        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) and "files" in manifest and "step" in manifest else None
+
+
+def damage(path: Path, check_hashes: bool = True) -> str | None:
+    """Why the checkpoint at `path` cannot be trusted (no manifest, a file missing, truncated or altered), or None."""
+    manifest = read_manifest(path)
+    if manifest is None:
+        return f"{path} has no valid {MANIFEST} (an incomplete or foreign directory)"
+    for file_name, expected in manifest["files"].items():
+        file_path = path / file_name
+        if not file_path.is_file():
+            return f"{file_path} is missing"
+        size = file_path.stat().st_size
+        if size != expected["size"]:
+            return f"{file_path} has {size} bytes, the manifest says {expected['size']} (truncated or altered)"
+    if check_hashes:
+        digests = block_digests([path / name for name in manifest["files"]])
+        for file_name, expected in manifest["files"].items():
+            if digests[path / file_name] != expected["sha256"]:
+                return f"{path / file_name} does not match its sha256 in the manifest (corrupted or altered)"
+    return None
+
+
+def complete_checkpoints(directory: Path) -> list[tuple[Path, dict]]:
+    """(path, manifest) of every checkpoint with a manifest, oldest step first (contents not verified here)."""
+    found = []
+    if directory.is_dir():
+        for path in directory.glob("step_*"):
+            manifest = read_manifest(path) if path.is_dir() else None
+            if manifest is not None:
+                found.append((path, manifest))
+    return sorted(found, key=lambda item: item[1]["step"])
+
+
+def remove_checkpoint(path: Path) -> None:
+    """Delete a checkpoint: the manifest first, so a half-deleted directory is never taken for a complete one."""
+    (path / MANIFEST).unlink(missing_ok=True)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_leftovers(directory: Path) -> list[Path]:
+    """Partial writes and half-deleted directories left by a crash; removed before this run writes anything."""
+    leftovers = [p for p in directory.glob(".*") if p.name.startswith((PARTIAL_PREFIX, TRASH_PREFIX))]
+    for path in leftovers:
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+    return leftovers
+
+
+def copy_durably(source: Path, target: Path) -> None:
+    """Copy a file under a temporary name, fsync, and rename it into place (exports are replaced atomically)."""
+    temporary = target.with_name(f"{PARTIAL_PREFIX}{target.name}")
+    shutil.copyfile(source, temporary)
+    fsync_path(temporary)
+    os.replace(temporary, target)

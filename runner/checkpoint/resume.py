@@ -1,0 +1,84 @@
+"""What `resume=` means, decided once in the parent process before any worker starts.
+
+- `resume=auto`: the newest complete checkpoint in this run dir's `checkpoints/`; none yet: start from scratch
+  (so one command line serves the first start and every requeue). Continue a run in place by passing its dir:
+  `resume=auto hydra.run.dir=outputs/2026-12-01/10-00-00-000000`.
+- `resume=<run dir>` or `resume=<run dir>/checkpoints`: the newest complete checkpoint there.
+- `resume=<run dir>/checkpoints/step_N`: exactly that checkpoint.
+
+Every candidate is verified (sizes and sha256 against its manifest). When the newest is damaged, the previous
+complete one is taken, with a warning that names both; a named checkpoint that is damaged is refused.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from runner.checkpoint import files
+from runner.errors import CheckpointError, ConfigError
+
+log = logging.getLogger(__name__)
+
+AUTO = "auto"
+
+
+def find_resume(resume: str | None, run_dir: Path, verify: bool = True) -> Path | None:
+    """The checkpoint to resume from, or None to start from scratch. Raises CheckpointError when none is usable."""
+    if not resume:
+        refuse_to_overwrite(run_dir)
+        return None
+    if resume == AUTO:
+        found = newest_intact(run_dir / "checkpoints", verify)
+        if found is None:
+            refuse_to_overwrite(run_dir)
+            log.info("resume=auto: no checkpoint in %s yet; starting from scratch", run_dir / "checkpoints")
+        return found
+    path = Path(resume).expanduser().resolve()
+    if (path / files.MANIFEST).is_file() or path.name.startswith("step_"):
+        reason = files.damage(path, verify) if path.is_dir() else f"{path} does not exist"
+        if reason:
+            raise CheckpointError(f"resume: cannot load {path}: {reason}")
+        return path
+    source = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    if not source.is_dir() or not files.complete_checkpoints(source) and not _has_damaged(source):
+        raise CheckpointError(
+            f"resume: '{resume}' is neither a checkpoint nor a directory of checkpoints; give resume=auto, a run "
+            "dir, its checkpoints/ directory, or one checkpoints/step_NNNNNNNN directory"
+        )
+    found = newest_intact(source, verify)
+    if found is None:
+        raise CheckpointError(f"resume: every checkpoint in {source} is damaged (see the warnings above)")
+    return found
+
+
+def newest_intact(directory: Path, verify: bool = True) -> Path | None:
+    """The newest checkpoint that passes verification; each damaged newer one is reported and skipped."""
+    candidates = [path for path, _ in files.complete_checkpoints(directory)]
+    skipped = []
+    for path in reversed(candidates):
+        reason = files.damage(path, verify)
+        if reason is None:
+            if skipped:
+                log.warning("resume: falling back to %s, the newest intact checkpoint (skipped: %s)",
+                            path.name, "; ".join(skipped))
+            return path
+        log.warning("resume: checkpoint %s is damaged: %s", path.name, reason)
+        skipped.append(f"{path.name}: {reason}")
+    if skipped:
+        raise CheckpointError(f"resume: every checkpoint in {directory} is damaged: {'; '.join(skipped)}")
+    return None
+
+
+def _has_damaged(directory: Path) -> bool:
+    return any(path.is_dir() for path in directory.glob("step_*"))
+
+
+def refuse_to_overwrite(run_dir: Path) -> None:
+    """A fresh start must not write over another run's checkpoints and metrics in the same run dir."""
+    if files.complete_checkpoints(run_dir / "checkpoints"):
+        raise ConfigError(
+            "resume",
+            f"the run dir {run_dir} already holds a run with checkpoints; continue it with resume=auto, or "
+            "choose another hydra.run.dir to start a new run",
+        )

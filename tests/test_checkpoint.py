@@ -1,0 +1,327 @@
+"""The checkpoint format and its guarantees, in-process: atomic writes, verification, fallback, retention,
+export, safety, refusals, RNG and the stop-signal object."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from runner.checkpoint import (
+    MODEL_FILE, STATE_FILE, Checkpointer, complete_checkpoints, damage, find_resume, read_pointer, restore,
+)
+from runner.checkpoint import checkpointer as checkpointer_module
+from runner.checkpoint import files
+from runner.checkpoint.rng import capture_rng, restore_rng
+from runner.config import CheckpointConfig, MonitorMode
+from runner.errors import CheckpointError, ConfigError
+from runner.models import MLP
+from runner.signals import StopSignals
+
+RESOLVED = {"model": {"_target_": "runner.models.MLP", "in_features": 4, "out_features": 3, "hidden": [8]},
+            "seed": 0, "resume": None}
+
+
+def _objects(seed: int = 0):
+    torch.manual_seed(seed)
+    model = MLP(4, 3, hidden=[8])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(5, 4)).sum().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def _checkpointer(run_dir, mode=MonitorMode.max, **settings) -> Checkpointer:
+    return Checkpointer(run_dir, CheckpointConfig(**settings), writer=True, monitor="val/accuracy",
+                        monitor_mode=mode, world_size=1, resolved=RESOLVED)
+
+
+def _save(checkpointer, model, optimizer, step, accuracy=None, final=False):
+    metrics = {} if accuracy is None else {"val/accuracy": accuracy}
+    position = {"step": step, "epoch": 0, "batch_in_epoch": step}
+    state = {"optimizer": optimizer.state_dict(), "loop": {"step": step}}
+    path = checkpointer.save(model, state, position, metrics, final=final)
+    checkpointer.wait()  # sealing runs in the background; its errors surface here
+    return path
+
+
+def test_a_checkpoint_has_a_manifest_that_matches_its_files(tmp_path):
+    model, optimizer = _objects()
+    path = _save(_checkpointer(tmp_path), model, optimizer, step=7, accuracy=0.5)
+    assert path == tmp_path / "checkpoints" / "step_00000007" and read_pointer(tmp_path / "checkpoints") == path.name
+    manifest = files.read_manifest(path)
+    assert {k: manifest[k] for k in ("format", "step", "epoch", "batch_in_epoch", "world_size", "monitor_value")} == {
+        "format": 1, "step": 7, "epoch": 0, "batch_in_epoch": 7, "world_size": 1, "monitor_value": 0.5}
+    assert set(manifest["files"]) == {MODEL_FILE, STATE_FILE, "config.yaml"}
+    for name, entry in manifest["files"].items():
+        assert entry["size"] == (path / name).stat().st_size
+        assert entry["sha256"] == [hashlib.sha256((path / name).read_bytes()).hexdigest()]  # one block: small files
+    assert yaml.safe_load((path / "config.yaml").read_text()) == RESOLVED
+    assert damage(path) is None and not list((tmp_path / "checkpoints").glob(".*"))
+
+
+def test_the_state_file_needs_no_unsafe_globals(tmp_path):
+    model, optimizer = _objects()
+    scaler = torch.amp.GradScaler("cpu")
+    checkpointer = _checkpointer(tmp_path)
+    path = checkpointer.save(model, {"optimizer": optimizer.state_dict(), "scaler": scaler.state_dict()},
+                             {"step": 1, "epoch": 0, "batch_in_epoch": 1}, {})
+    checkpointer.wait()
+    assert torch.serialization.get_unsafe_globals_in_checkpoint(str(path / STATE_FILE)) == []
+    state = torch.load(path / STATE_FILE, weights_only=True)
+    assert state["scaler"]["scale"] == 65536.0 and set(state["per_rank"][0]["rng"]) == {"python", "numpy", "torch", "cuda"}
+
+
+def test_restore_brings_back_weights_optimizer_and_rng(tmp_path):
+    model, optimizer = _objects(seed=0)
+    path = _save(_checkpointer(tmp_path), model, optimizer, step=3)
+    expected = (random.random(), np.random.rand(), torch.rand(1))
+    fresh_model, fresh_optimizer = _objects(seed=1)
+    state = restore(path, fresh_model, fresh_optimizer, resolved=RESOLVED)
+    checkpointer_module.apply_rng(state)
+    assert (random.random(), np.random.rand(), torch.rand(1)) == expected
+    for a, b in zip(model.state_dict().values(), fresh_model.state_dict().values()):
+        assert torch.equal(a, b)
+    assert torch.equal(fresh_optimizer.state_dict()["state"][0]["exp_avg"], optimizer.state_dict()["state"][0]["exp_avg"])
+    assert state["loop"] == {"step": 3}
+
+
+def test_numpy_and_python_rng_round_trip_through_weights_only_load(tmp_path):
+    np.random.seed(3)
+    np.random.randn()  # leaves a cached gaussian: has_gauss=1
+    torch.save(capture_rng(), tmp_path / "rng.pt")
+    expected = (np.random.randn(), np.random.rand(), random.random())
+    restore_rng(torch.load(tmp_path / "rng.pt", weights_only=True))
+    assert (np.random.randn(), np.random.rand(), random.random()) == expected
+
+
+def test_disk_full_while_saving_keeps_the_previous_checkpoint_and_removes_partial_files(tmp_path, monkeypatch):
+    model, optimizer = _objects()
+    checkpointer = _checkpointer(tmp_path)
+    previous = _save(checkpointer, model, optimizer, step=1)
+
+    def full_disk(obj, path):
+        with open(path, "wb") as handle:
+            handle.write(b"\0" * 1000)  # some bytes made it to disk before the device filled up
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(checkpointer_module.torch, "save", full_disk)
+    with pytest.raises(CheckpointError) as caught:
+        _save(checkpointer, model, optimizer, step=2)
+    message = str(caught.value)
+    assert "disk is full while writing" in message and "step_00000002" in message
+    assert "the previous checkpoint step_00000001 is intact" in message and "checkpoint.keep_last" in message
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "step_00000001"]
+    assert read_pointer(tmp_path / "checkpoints") == "step_00000001" and damage(previous) is None
+
+
+@pytest.mark.parametrize("crash_in", ["write_pointer", "fsync_path", "_replace_dir"])
+def test_a_crash_at_any_stage_leaves_a_loadable_checkpoint(tmp_path, monkeypatch, crash_in):
+    model, optimizer = _objects()
+    checkpointer = _checkpointer(tmp_path)
+    _save(checkpointer, model, optimizer, step=1)
+
+    def crash(*args, **kwargs):
+        raise OSError(errno.EIO, "simulated crash")
+
+    monkeypatch.setattr(files, crash_in, crash)
+    with pytest.raises(CheckpointError):
+        _save(checkpointer, model, optimizer, step=2)
+    monkeypatch.undo()
+    chosen = find_resume("auto", tmp_path)
+    assert chosen is not None and damage(chosen) is None
+    assert read_pointer(tmp_path / "checkpoints") == "step_00000001"
+
+
+def test_resume_auto_falls_back_past_a_damaged_newest_checkpoint(tmp_path, caplog):
+    model, optimizer = _objects()
+    checkpointer = _checkpointer(tmp_path)
+    for step in (1, 2, 3):
+        _save(checkpointer, model, optimizer, step=step)
+    with open(tmp_path / "checkpoints" / "step_00000003" / STATE_FILE, "r+b") as handle:
+        handle.seek(100)
+        handle.write(b"tampered")  # same size, different bytes: only the sha256 notices
+    (tmp_path / "checkpoints" / "step_00000002" / MODEL_FILE).write_bytes(b"truncated")
+    with caplog.at_level(logging.WARNING):
+        chosen = find_resume("auto", tmp_path)
+    assert chosen == tmp_path / "checkpoints" / "step_00000001"
+    assert "step_00000003 is damaged" in caplog.text and "does not match its sha256" in caplog.text
+    assert "has 9 bytes, the manifest says" in caplog.text
+    assert "falling back to step_00000001" in caplog.text
+
+    with pytest.raises(CheckpointError, match=r"cannot load .*step_00000003: .*does not match its sha256"):
+        find_resume(str(tmp_path / "checkpoints" / "step_00000003"), tmp_path / "elsewhere")
+    assert find_resume(str(tmp_path), tmp_path / "elsewhere") == chosen  # a named run dir: same rule
+
+
+def test_resume_arguments_and_the_fresh_run_guard(tmp_path, caplog):
+    with caplog.at_level(logging.INFO):
+        assert find_resume("auto", tmp_path) is None
+    assert "starting from scratch" in caplog.text
+    with pytest.raises(CheckpointError, match="neither a checkpoint nor a directory of checkpoints"):
+        find_resume(str(tmp_path / "nope"), tmp_path)
+    model, optimizer = _objects()
+    _save(_checkpointer(tmp_path), model, optimizer, step=1)
+    with pytest.raises(ConfigError, match="already holds a run with checkpoints; continue it with resume=auto"):
+        find_resume(None, tmp_path)
+
+
+def test_a_different_world_size_or_model_is_refused_with_the_mismatch_named(tmp_path):
+    model, optimizer = _objects()
+    path = _save(_checkpointer(tmp_path), model, optimizer, step=1)
+    with pytest.raises(CheckpointError, match=r"written by a run with 1 process\(es\) and this run has 2.*"
+                                              r"hardware.num_processes=1"):
+        restore(path, model, optimizer, world_size=2)
+    with pytest.raises(CheckpointError, match=r"weights in .* do not fit this model: .*size mismatch"):
+        restore(path, MLP(4, 3, hidden=[16]))
+    with pytest.raises(CheckpointError, match=r"do not fit this model: missing \['4.bias', '4.weight'\]"):
+        restore(path, torch.nn.Sequential(*MLP(4, 3, hidden=[8]), torch.nn.ReLU(), torch.nn.Linear(3, 3)))
+
+
+def test_keep_last_and_keep_best(tmp_path):
+    model, optimizer = _objects()
+    checkpointer = _checkpointer(tmp_path, keep_last=2, keep_best=1)
+    for step, accuracy in [(1, 0.2), (2, 0.9), (3, 0.5), (4, None), (5, 0.4)]:
+        _save(checkpointer, model, optimizer, step=step, accuracy=accuracy)
+    kept = [manifest["step"] for _, manifest in complete_checkpoints(tmp_path / "checkpoints")]
+    assert kept == [2, 4, 5]  # the best (0.9 at step 2) and the last two
+    assert checkpointer.best == {"step": 2, "value": 0.9}
+
+    low = _checkpointer(tmp_path / "min", MonitorMode.min, keep_last=1, keep_best=2)
+    for step, accuracy in [(1, 0.3), (2, 0.1), (3, 0.2), (4, 0.5)]:
+        _save(low, model, optimizer, step=step, accuracy=accuracy)
+    assert [m["step"] for _, m in complete_checkpoints(tmp_path / "min" / "checkpoints")] == [2, 3, 4]
+
+
+def test_cadence():
+    every = Checkpointer.__new__(Checkpointer)
+    every.settings = CheckpointConfig(every_n_steps=3, keep_best=0)
+    assert [step for step in range(1, 10) if every.due(step, evaluated=False)] == [3, 6, 9]
+    assert not every.due(4, evaluated=True)
+    every.settings = CheckpointConfig(every_n_steps=None, keep_best=2)
+    assert every.due(4, evaluated=True) and not every.due(4, evaluated=False)
+    every.settings = CheckpointConfig(enabled=False, every_n_steps=1)
+    assert not every.due(3, evaluated=True) and not every.every_epoch
+
+
+def test_export_is_loadable_without_the_runner(tmp_path):
+    model, optimizer = _objects()
+    checkpointer = _checkpointer(tmp_path)
+    _save(checkpointer, model, optimizer, step=1, accuracy=0.7)
+    _save(checkpointer, model, optimizer, step=2, accuracy=0.4, final=True)
+    export = tmp_path / "export"
+    assert sorted(p.name for p in export.iterdir()) == [
+        "best.json", "best.safetensors", "config.yaml", "final.json", "final.safetensors"]
+    assert (export / "best.json").read_text() == '{"step": 1, "val/accuracy": 0.7}'
+    # The README snippet, in a fresh interpreter that never imports runner.
+    snippet = f"""
+import sys, yaml, torch
+from safetensors.torch import load_file
+config = yaml.safe_load(open({str(export / "config.yaml")!r}))
+weights = load_file({str(export / "final.safetensors")!r})
+assert "runner" not in sys.modules
+print(config["model"]["_target_"], sorted(weights), tuple(weights["0.weight"].shape))
+"""
+    out = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, check=True, env={
+        **os.environ, "PYTHONPATH": ""}).stdout
+    assert out.strip() == ("runner.models.MLP ['0.bias', '0.weight', '2.bias', '2.weight'] (8, 4)")
+    rebuilt = MLP(**{k: v for k, v in yaml.safe_load((export / "config.yaml").read_text())["model"].items()
+                     if k != "_target_"})
+    rebuilt.load_state_dict(load_file(export / "final.safetensors"))
+    x = torch.randn(2, 4)
+    assert torch.equal(rebuilt(x), model(x))
+
+
+def test_stop_signals_record_the_configured_signal_only():
+    with StopSignals(["SIGUSR1"]) as stop:
+        assert not stop.requested()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert stop.requested() and stop.name == "SIGUSR1"
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # the previous handler is back
+
+
+def test_large_files_are_hashed_in_blocks_and_any_altered_block_is_found(tmp_path, monkeypatch):
+    monkeypatch.setattr(files, "BLOCK", 1024)
+    model, optimizer = _objects()
+    path = _save(_checkpointer(tmp_path), model, optimizer, step=1)
+    entry = files.read_manifest(path)["files"][STATE_FILE]
+    assert len(entry["sha256"]) == -(-entry["size"] // 1024) > 2
+    data = bytearray((path / STATE_FILE).read_bytes())
+    data[1024 * 2 + 7] ^= 0xFF  # one bit pattern in the third block
+    (path / STATE_FILE).write_bytes(bytes(data))
+    assert "does not match its sha256" in damage(path)
+    assert damage(path, check_hashes=False) is None  # sizes alone cannot see it
+
+
+def test_grad_scaler_state_comes_back(tmp_path):
+    model, optimizer = _objects()
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    scaler.scale(torch.ones(1))  # the scale tensor exists from the first use on
+    scaler.update(new_scale=256.0)
+    checkpointer = Checkpointer(tmp_path, CheckpointConfig(), writer=True, monitor="val/loss",
+                                monitor_mode=MonitorMode.min, world_size=1, resolved=RESOLVED)
+    path = checkpointer.save(model, {"optimizer": optimizer.state_dict(), "scaler": scaler.state_dict()},
+                             {"step": 1, "epoch": 0, "batch_in_epoch": 1}, {})
+    checkpointer.wait()
+    fresh = torch.amp.GradScaler("cpu")
+    restore(path, model, optimizer, scaler=fresh)
+    assert fresh.get_scale() == 256.0
+
+
+def test_cuda_rng_is_saved_when_cuda_is_in_use(monkeypatch):
+    """No GPU here: stand-ins for torch.cuda check that every device's generator is captured and restored."""
+    saved_states = [torch.tensor([1], dtype=torch.uint8), torch.tensor([2], dtype=torch.uint8)]
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: saved_states)
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", restored.extend)
+    state = capture_rng()
+    assert state["cuda"] == saved_states
+    restore_rng(state)
+    assert restored == saved_states
+
+
+def test_bad_checkpoint_settings_are_reported_together():
+    from runner.checks import checkpoint_problems
+    from runner.config import RunConfig
+
+    config = RunConfig()
+    config.checkpoint = CheckpointConfig(every_n_steps=0, keep_last=0, keep_best=-1)
+    assert [str(problem) for problem in checkpoint_problems(config)] == [
+        "checkpoint.every_n_steps: is 0; it must be 1 or more, or null to turn it off",
+        "checkpoint.keep_last: is 0; it must be 1 or more, or null to turn it off",
+        "checkpoint.keep_best: is -1; it must be 0 (off) or more",
+    ]
+
+
+def test_sealing_runs_in_the_background_and_the_checkpoint_appears_only_when_sealed(tmp_path, monkeypatch):
+    import threading
+
+    release = threading.Event()
+    real_seal = files.seal
+
+    def slow_seal(*args):
+        release.wait(timeout=30)
+        return real_seal(*args)
+
+    monkeypatch.setattr(files, "seal", slow_seal)
+    model, optimizer = _objects()
+    checkpointer = _checkpointer(tmp_path)
+    path = checkpointer.save(model, {"optimizer": optimizer.state_dict()}, {"step": 4, "epoch": 0, "batch_in_epoch": 4}, {})
+    assert path.name == "step_00000004" and not path.exists()  # returned while the files are not sealed yet
+    assert complete_checkpoints(tmp_path / "checkpoints") == [] and find_resume("auto", tmp_path) is None
+    release.set()
+    checkpointer.wait()
+    assert damage(path) is None and read_pointer(tmp_path / "checkpoints") == path.name

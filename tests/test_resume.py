@@ -1,0 +1,177 @@
+"""Exact resume, end to end: `python -m runner` killed (SIGKILL) or stopped (SIGTERM) mid-epoch, then resumed
+with resume=auto, must end bitwise where an uninterrupted run ends, having logged the same values."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import read_jsonl, read_scalars, run_cli
+from runner.checkpoint import complete_checkpoints, read_pointer
+from runner.data.batches import TensorBatches
+
+# 256 rows / 16 per batch = 16 batches per epoch, 2 epochs; a checkpoint every 3 optimizer steps.
+RUN = ("data.num_train=256", "data.num_validation=64", "trainer.batch_size=16", "trainer.progress_bar=false",
+       "trainer.max_epochs=2", "trainer.log_every_steps=2", "trainer.eval_every_steps=10", "checkpoint.every_n_steps=3")
+TIMING_KEYS = ("train/samples_per_s",)  # wall-clock throughput: the one logged value that may differ
+
+
+def start(cwd: Path, run_dir: Path, *overrides: str) -> subprocess.Popen:
+    """The CLI in its own session, so a kill can take its worker processes too (as when a node dies)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "runner", *RUN, f"hydra.run.dir={run_dir}", *overrides], cwd=cwd,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def kill_everything(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    proc.stdout.close()
+
+
+def wait_for_checkpoint(run_dir: Path, min_step: int, proc: subprocess.Popen, timeout: float = 300) -> int:
+    """Poll until a complete checkpoint at min_step or later exists; returns its step."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = complete_checkpoints(run_dir / "checkpoints")
+        if found and found[-1][1]["step"] >= min_step:
+            return found[-1][1]["step"]
+        assert proc.poll() is None, f"the run ended before step {min_step}:\n{proc.stdout.read()}"
+        time.sleep(0.01)
+    raise AssertionError(f"no checkpoint at step >= {min_step} within {timeout} s")
+
+
+def logged(run_dir: Path) -> list[dict]:
+    return [{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in read_jsonl(run_dir / "metrics.jsonl")]
+
+
+def assert_same_run(resumed: Path, reference: Path) -> None:
+    final, expected = load_file(resumed / "export" / "final.safetensors"), load_file(reference / "export" / "final.safetensors")
+    assert final.keys() == expected.keys()
+    for name in expected:
+        assert torch.equal(final[name], expected[name]), f"{name} differs after resume"
+    assert logged(resumed) == logged(reference)
+    losses = read_scalars(resumed, "train/loss")
+    assert losses == read_scalars(reference, "train/loss")  # TensorBoard: no step twice, same values
+    assert len({step for step, _ in losses}) == len(losses)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict[int, Path]:
+    """Uninterrupted runs, one per gradient-accumulation setting, computed once for the module."""
+    runs = {}
+    for accumulate in (1, 2):
+        cwd = tmp_path_factory.mktemp(f"reference{accumulate}")
+        result = run_cli(*RUN, f"trainer.grad_accum_steps={accumulate}", "hydra.run.dir=run", cwd=cwd)
+        assert result.returncode == 0, result.output
+        runs[accumulate] = cwd / "run"
+    return runs
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_sigkill_mid_epoch_then_resume_auto_is_bitwise_exact(tmp_path, reference, accumulate):
+    run_dir = tmp_path / "run"
+    proc = start(tmp_path, run_dir, f"trainer.grad_accum_steps={accumulate}")
+    wait_for_checkpoint(run_dir, 6 if accumulate == 1 else 3, proc)
+    kill_everything(proc)  # wherever it is: mid-step, mid-save, between micro-batches
+    assert not (run_dir / "export" / "final.safetensors").exists(), "the kill came too late to test anything"
+
+    result = run_cli(*RUN, f"trainer.grad_accum_steps={accumulate}", f"hydra.run.dir={run_dir}", "resume=auto",
+                     cwd=tmp_path)
+    assert result.returncode == 0, result.output
+    assert "resumed from" in result.output and "its config.yaml is kept" in result.output
+    assert (run_dir / "config.yaml").read_text() == (reference[accumulate] / "config.yaml").read_text().replace(
+        str(reference[accumulate]), str(run_dir))
+    assert_same_run(run_dir, reference[accumulate])
+
+
+def test_two_processes_killed_stopped_and_resumed_are_bitwise_exact_and_another_world_size_is_refused(
+        tmp_path, tmp_path_factory):
+    two = ("hardware=multi_cpu", "hardware.num_processes=2")
+    reference = tmp_path_factory.mktemp("reference_ddp") / "run"
+    result = run_cli(*RUN, *two, f"hydra.run.dir={reference}", cwd=tmp_path)
+    assert result.returncode == 0, result.output
+    run_dir = tmp_path / "run"
+    proc = start(tmp_path, run_dir, *two)
+    killed_at = wait_for_checkpoint(run_dir, 3, proc)
+    kill_everything(proc)  # the launcher and both workers, as when the node dies
+
+    proc = start(tmp_path, run_dir, *two, "resume=auto")
+    wait_for_checkpoint(run_dir, killed_at + 3, proc)
+    os.killpg(proc.pid, signal.SIGTERM)  # a scheduler stops the whole job: launcher and workers
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 75, output
+    assert "[rank0]" in output and "[rank1]" in output and "stopped by SIGTERM" in output
+    assert not (run_dir / "export" / "final.safetensors").exists(), "the stop came too late to test anything"
+
+    result = run_cli(*RUN, *two, f"hydra.run.dir={run_dir}", "resume=auto", cwd=tmp_path)
+    assert result.returncode == 0, result.output
+    assert_same_run(run_dir, reference)
+    path, manifest = complete_checkpoints(run_dir / "checkpoints")[-1]
+    assert manifest["world_size"] == 2 and len(torch.load(path / "state.pt", weights_only=True)["per_rank"]) == 2
+
+    result = run_cli(*RUN, f"hydra.run.dir={run_dir}", "resume=auto", cwd=tmp_path)
+    assert result.returncode == 1
+    assert "written by a run with 2 process(es) and this run has 1" in result.output
+    assert "resume with hardware.num_processes=2" in result.output
+
+
+def test_sigterm_finishes_the_step_saves_exits_75_and_resume_auto_continues(tmp_path, reference):
+    run_dir = tmp_path / "run"
+    proc = start(tmp_path, run_dir)
+    wait_for_checkpoint(run_dir, 3, proc)
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 75, output
+    assert "stopped by SIGTERM after optimizer step" in output and "resume=auto" in output
+    step = int(output.split("stopped by SIGTERM after optimizer step ")[1].split(";")[0])
+    path, manifest = complete_checkpoints(run_dir / "checkpoints")[-1]
+    assert manifest["step"] == step and read_pointer(run_dir / "checkpoints") == path.name
+    assert step < 32 and not (run_dir / "export" / "final.safetensors").exists()
+
+    result = run_cli(*RUN, f"hydra.run.dir={run_dir}", "resume=auto", cwd=tmp_path)
+    assert result.returncode == 0, result.output
+    assert_same_run(run_dir, reference[1])
+
+
+def test_resuming_a_finished_run_says_so_and_does_nothing(tmp_path, reference):
+    run_dir = reference[1]
+    # Hydra's bookkeeping, the log and the job's result.json (the sweep callback's record) may be rewritten.
+    ignored = ("runner.log", "result.json")
+    before = {path: path.stat().st_mtime_ns for path in run_dir.rglob("*") if ".hydra" not in path.parts
+              and path.name not in ignored}
+    result = run_cli(*RUN, f"hydra.run.dir={run_dir}", "resume=auto", cwd=tmp_path)
+    assert result.returncode == 0, result.output
+    assert "the run already finished at step 32" in result.output
+    after = {path: path.stat().st_mtime_ns for path in run_dir.rglob("*") if ".hydra" not in path.parts
+             and path.name not in ignored}
+    assert after == before  # no file written, touched or removed
+    final = read_jsonl(run_dir / "metrics.jsonl")[-1]
+    assert f"val/accuracy={final['val/accuracy']:.4f}" in result.output
+
+
+def test_a_fresh_run_refuses_a_run_dir_that_holds_checkpoints(tmp_path, reference):
+    result = run_cli(*RUN, f"hydra.run.dir={reference[1]}", cwd=tmp_path)
+    assert result.returncode == 1
+    assert "resume: the run dir" in result.output and "continue it with resume=auto" in result.output
+
+
+def test_batches_can_start_inside_an_epoch():
+    data = {"x": torch.arange(20)}
+    whole = TensorBatches(data, batch_size=3, shuffle=True, seed=5)
+    whole.set_epoch(2)
+    every = [batch["x"] for batch in whole]
+    whole.set_epoch(2, start=4)
+    tail = [batch["x"] for batch in whole]
+    assert len(tail) == len(every) - 4 == 3 and all(torch.equal(a, b) for a, b in zip(tail, every[4:]))
+    whole.set_epoch(3)  # the next epoch starts at its beginning again
+    assert len(list(whole)) == 7
