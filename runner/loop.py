@@ -44,6 +44,9 @@ def is_finished(step: int, epoch: int, total_steps: int, max_epochs: int) -> boo
 
 def evaluate(accelerator, model, batches, task) -> dict[str, float]:
     """The task's metrics over every batch, summed exactly across processes, as `val/<name>`."""
+    # The unwrapped module: DDP's forward may sync buffers with the peers, and evaluation shards are not padded,
+    # so ranks can run different numbers of eval batches; a collective inside them would hang.
+    model = accelerator.unwrap_model(model)
     model.eval()
     totals: dict[str, torch.Tensor] = {}
     with torch.no_grad(), accelerator.autocast():

@@ -8,36 +8,13 @@
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
-import numpy as np
 import torch
 from safetensors.torch import load_model, save_model
 
+from runner.checkpoint.rng import capture_rng, restore_rng
 from runner.errors import CheckpointError
-
-
-def rng_state() -> dict:
-    name, keys, position, has_gauss, cached = np.random.get_state()
-    # numpy's legacy state holds an ndarray, which weights_only loading refuses: store it as a tensor.
-    state = {
-        "python": random.getstate(),
-        "numpy": [name, torch.from_numpy(keys.astype(np.int64)), int(position), int(has_gauss), float(cached)],
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    name, keys, position, has_gauss, cached = state["numpy"]
-    np.random.set_state((name, keys.numpy().astype(np.uint32), position, has_gauss, cached))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def save(directory: Path, models, optimizers, schedulers, scaler, rank: int, is_main: bool) -> None:
@@ -53,7 +30,7 @@ def save(directory: Path, models, optimizers, schedulers, scaler, rank: int, is_
             },
             directory / "state.pt",
         )
-    torch.save(rng_state(), directory / f"rng_rank{rank}.pt")
+    torch.save(capture_rng(), directory / f"rng_rank{rank}.pt")
 
 
 def load(directory: Path, models, optimizers, schedulers, scaler, rank: int) -> None:
@@ -73,4 +50,4 @@ def load(directory: Path, models, optimizers, schedulers, scaler, rank: int) -> 
         scaler.load_state_dict(state["scaler"])
     rng_file = directory / f"rng_rank{rank}.pt"
     if rng_file.is_file():
-        set_rng_state(torch.load(rng_file, weights_only=True))
+        restore_rng(torch.load(rng_file, weights_only=True))

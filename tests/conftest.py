@@ -37,15 +37,19 @@ class CliResult:
         return self.stdout + self.stderr
 
     def run_dirs(self) -> list[Path]:
-        """Run dirs (single runs and sweep jobs) under cwd/outputs: a config.yaml next to .hydra/ (checkpoints and
-        export/ hold copies of config.yaml too), oldest first."""
-        return sorted(path.parent for path in (self.cwd / "outputs").rglob("config.yaml")
-                      if ".hydra" not in path.parts and (path.parent / ".hydra").is_dir())
+        return run_dirs_under(self.cwd)
 
     def run_dir(self) -> Path:
         dirs = self.run_dirs()
         assert len(dirs) == 1, f"expected one run dir, found {dirs}\n{self.output}"
         return dirs[0]
+
+
+def run_dirs_under(cwd: Path) -> list[Path]:
+    """Run dirs (single runs and sweep jobs) under cwd/outputs: a config.yaml next to .hydra/ (checkpoints and
+    export/ hold copies of config.yaml too), oldest first."""
+    return sorted(path.parent for path in (Path(cwd) / "outputs").rglob("config.yaml")
+                  if ".hydra" not in path.parts and (path.parent / ".hydra").is_dir())
 
 
 def run_cli(*overrides: str, cwd: Path, env: dict | None = None, timeout: float = 600, args: tuple = ()) -> CliResult:

@@ -21,7 +21,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from conftest import ROOT, read_jsonl, read_scalars
+from conftest import ROOT, read_jsonl, read_scalars, run_dirs_under
 
 SMALL = ("data.num_validation=63", "trainer.progress_bar=false")  # 63: the ranks' eval shards differ in size
 FORK = ("hardware=multi_cpu", "hardware.start_method=fork")
@@ -177,7 +177,7 @@ def test_torchrun_starts_the_ranks_and_they_share_one_run_dir(tmp_path):
     result = _torchrun("hardware=multi_cpu", *SMALL, "data.num_train=256", "trainer.batch_size=32",
                        "trainer.max_steps=2", "trainer.log_every_steps=1", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    (run_dir,) = {path.parent for path in (tmp_path / "outputs").rglob("config.yaml") if ".hydra" not in path.parts}
+    (run_dir,) = run_dirs_under(tmp_path)
     assert not (run_dir / "ranks").exists()  # no respawn: torchrun's processes are the workers
     assert len({_worker_pid(run_dir, 0), _worker_pid(run_dir, 1)}) == 2
     assert [row["step"] for row in read_jsonl(run_dir / "metrics.jsonl") if "train/loss" in row] == [1, 2]
@@ -187,7 +187,7 @@ def test_torchrun_sweep_keeps_one_process_group_across_jobs(tmp_path):
     result = _torchrun("-m", "hardware=multi_cpu", *SMALL, "data.num_train=256", "trainer.batch_size=32",
                        "trainer.max_steps=1", "optimizer.lr=0.1,0.01", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    jobs = sorted({path.parent for path in (tmp_path / "outputs").rglob("config.yaml") if ".hydra" not in path.parts})
+    jobs = run_dirs_under(tmp_path)
     assert [job.name for job in jobs] == ["0", "1"]  # both ranks agreed on one sweep dir
     for job in jobs:
         assert (job / "runner_rank0.log").is_file() and (job / "runner_rank1.log").is_file()
@@ -216,7 +216,7 @@ def _two_machines(tmp_path: Path, *extra_for_machine_1: str) -> list[tuple[int, 
 
 
 def _only_run_dir(cwd: Path) -> Path:
-    (run_dir,) = {path.parent for path in (cwd / "outputs").rglob("config.yaml") if ".hydra" not in path.parts}
+    (run_dir,) = run_dirs_under(cwd)
     return run_dir
 
 
