@@ -99,7 +99,8 @@ def train(config: RunConfig, resolved: dict, run_dir: Path, accelerator: Acceler
                          start_step=restored["loop"]["step"] if restored else 0)
     checkpointer = Checkpointer(run_dir, config.checkpoint, writer=is_main, monitor=trainer.monitor,
                                 monitor_mode=trainer.monitor_mode, world_size=accelerator.num_processes, resolved=resolved)
-    stop = StopSignals(config.checkpoint.stop_signals, accelerator.dist.is_distributed, accelerator.device)
+    stop = StopSignals(config.checkpoint.stop_signals, accelerator.dist.is_distributed, accelerator.device,
+                       check_every=trainer.log_every_steps)
     loop = Loop(
         accelerator, prepared_model, prepared_optimizer, scheduler, train_batches, val_batches, task, trainer,
         logger=logger,
