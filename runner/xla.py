@@ -10,6 +10,8 @@ import importlib
 
 import torch
 
+from runner.prepared import DeviceBatches
+
 INSTALL_HINT = (
     "install the torch_xla build that matches your torch (pip install 'torch_xla[tpu]==<your torch version>'; "
     "note: none exists for torch 2.13 yet, the newest is 2.9), or use hardware=cpu, hardware=gpu or hardware=auto"
@@ -55,20 +57,12 @@ class Xla:
         return XlaBatches(batches, self.parallel_loader.MpDeviceLoader(batches, device))
 
 
-class XlaBatches:
+class XlaBatches(DeviceBatches):
     """torch_xla's device loader, keeping the batch source's `len` and `set_epoch` that the loop relies on."""
 
     def __init__(self, batches, device_loader):
-        self.batches = batches
+        super().__init__(batches, device=None)
         self.device_loader = device_loader
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    def set_epoch(self, epoch: int, *args) -> None:
-        # *args: whatever else the batch source's set_epoch takes (e.g. where in the epoch to resume).
-        if hasattr(self.batches, "set_epoch"):
-            self.batches.set_epoch(epoch, *args)
 
     def __iter__(self):
         return iter(self.device_loader)
