@@ -134,7 +134,9 @@ class CheckpointConfig:
     runner) with export/config.yaml, the resolved config."""
     stop_signals: List[StopSignal] = field(default_factory=lambda: [StopSignal.SIGTERM, StopSignal.SIGUSR1])
     """On these signals: finish the current optimizer step, save a checkpoint and exit with code 75, so that
-    the same command with resume=auto continues the run. [] leaves every signal's default behaviour."""
+    the same command with resume=auto continues the run. With several processes the ranks agree on stopping
+    every trainer.log_every_steps steps, so the stop lands on the next such step. [] leaves every signal's
+    default behaviour."""
 
 
 @dataclass
