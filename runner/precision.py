@@ -44,15 +44,21 @@ class Precision:
     def convert(self, model: nn.Module) -> nn.Module:
         """Under fp8, swap eligible Linear layers for torchao's Float8Linear, in place (parameters are kept, so an
         optimizer built before still holds the right tensors; build it after anyway, as torchao recommends)."""
-        if self.kind is not PrecisionKind.fp8 or self.fp8_modules:
+        if self.kind is not PrecisionKind.fp8:
             return model
         try:
             from torchao.float8 import convert_to_float8_training
             from torchao.float8.float8_linear import Float8Linear
         except ImportError as err:
             raise HardwareError(f"precision=fp8 needs torchao, which failed to import ({err}); {FP8_INSTALL}") from err
-        convert_to_float8_training(model, module_filter_fn=fp8_eligible)
-        self.fp8_modules = sum(isinstance(module, Float8Linear) for module in model.modules())
+
+        def not_yet_converted(module: nn.Module, fqn: str) -> bool:
+            # Float8Linear is a Linear too: skipping it makes converting twice (worker, then prepare) a no-op.
+            return fp8_eligible(module, fqn) and not isinstance(module, Float8Linear)
+
+        before = sum(isinstance(module, Float8Linear) for module in model.modules())
+        convert_to_float8_training(model, module_filter_fn=not_yet_converted)
+        self.fp8_modules += sum(isinstance(module, Float8Linear) for module in model.modules()) - before
         return model
 
     def describe(self) -> str:

@@ -45,6 +45,10 @@ def test_fp8_converts_only_linear_layers_with_dimensions_divisible_by_16():
     # Converting twice is a no-op, and the converted model trains (emulated on CPU).
     precision.convert(model)
     assert precision.fp8_modules == 2
+    assert [type(layer).__name__ for layer in model] == ["Float8Linear", "ReLU", "Float8Linear", "ReLU", "Linear"]
+    # A second model prepared by the same Accelerator is converted too, and counted.
+    precision.convert(nn.Sequential(nn.Linear(16, 16)))
+    assert precision.fp8_modules == 3
     with precision.autocast():
         model(torch.randn(16, 32)).float().sum().backward()
     assert model[0].weight.grad is not None and torch.isfinite(model[0].weight.grad).all()
