@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from typing import Any, Iterable
+import re
+from typing import Any, Iterable, Iterator
 
 import hydra.utils
 from hydra.errors import InstantiationException
@@ -20,8 +21,20 @@ REQUIRED_TARGETS = ("model", "optimizer", "data", "task")
 OPTIONAL_TARGETS = ("scheduler",)
 
 
+# Callables that run arbitrary code or shell commands, refused even under an allowed prefix: a recipe is trusted
+# like a Python script (README, "Recipes are code"), but an allow-listed prefix should not hide an escape hatch.
+REFUSED_TARGETS = (
+    "torch.utils.collect_env", "torch.hub", "torch.utils.cpp_extension", "torch.utils.model_zoo", "torch.package",
+    "torch.ops.load_library", "torch.classes.load_library", "torch.distributed.rpc", "torch.jit.load",
+    "torch.serialization.load", "torch._C", "torch._dynamo", "torch._inductor", "hydra.utils", "builtins", "os.",
+    "subprocess", "sys.", "importlib", "runpy", "pickle", "shutil", "code.", "ctypes",
+)
+LOADS_PICKLES = ("torch.load",)  # allowed only with weights_only: true (no code runs while loading)
+
+
 def target_problems(nodes: dict[str, Any], allowed_prefixes: list[str]) -> list[Problem]:
-    """Every missing, disallowed or unimportable `_target_` among the given nodes (key -> node)."""
+    """Every missing, disallowed, refused or unimportable `_target_` among the given nodes (key -> node), at any
+    depth: a model's arguments may hold `_target_` nodes of their own, and Hydra builds those too."""
     problems = []
     for key, node in nodes.items():
         if node is None and key in OPTIONAL_TARGETS:
@@ -29,21 +42,42 @@ def target_problems(nodes: dict[str, Any], allowed_prefixes: list[str]) -> list[
         if not isinstance(node, dict) or "_target_" not in node:
             problems.append(Problem(f"{key}._target_", f"is missing; set {key}._target_ to a class or function path"))
             continue
-        target = node["_target_"]
-        if not any(target.startswith(prefix) for prefix in allowed_prefixes):
-            problems.append(
-                Problem(
-                    f"{key}._target_",
-                    f"'{target}' is not under an allowed module prefix ({', '.join(allowed_prefixes)}); "
-                    f"add its package to allowed_targets, e.g. allowed_targets='[{', '.join(allowed_prefixes)}, "
-                    f"{target.split('.')[0]}.]'",
-                )
-            )
-            continue
-        reason = _import_problem(target)
-        if reason:
-            problems.append(Problem(f"{key}._target_", f"cannot import '{target}': {reason}"))
+        for path, nested in _target_nodes(node, key):
+            problems += _one_target_problems(path, nested, allowed_prefixes)
     return problems
+
+
+def _target_nodes(node: Any, path: str) -> Iterator[tuple[str, dict]]:
+    """(key path, node) of every dict holding a `_target_`, outermost first."""
+    if isinstance(node, dict):
+        if "_target_" in node:
+            yield path, node
+        for name, value in node.items():
+            yield from _target_nodes(value, f"{path}.{name}")
+    elif isinstance(node, (list, tuple)):
+        for index, value in enumerate(node):
+            yield from _target_nodes(value, f"{path}[{index}]")
+
+
+def _one_target_problems(path: str, node: dict, allowed_prefixes: list[str]) -> list[Problem]:
+    target = str(node["_target_"])
+    key = f"{path}._target_"
+    if any(target == refused.rstrip(".") or target.startswith(refused if refused.endswith(".") else refused + ".")
+           or target == refused for refused in REFUSED_TARGETS):
+        return [Problem(key, f"'{target}' runs arbitrary code or commands and is refused as a target, whatever "
+                             "allowed_targets says; build what you need in your own package and name that")]
+    if target in LOADS_PICKLES and node.get("weights_only") is not True:
+        return [Problem(key, f"'{target}' without weights_only: true can run code hidden in the file; set "
+                             f"{path}.weights_only=true")]
+    if node.get("trust_remote_code") is True:
+        return [Problem(f"{path}.trust_remote_code", "is true: that runs code downloaded with the model or dataset, "
+                                                      "which a recipe may not ask for; set it to false")]
+    if not any(target.startswith(prefix) for prefix in allowed_prefixes):
+        return [Problem(key, f"'{target}' is not under an allowed module prefix ({', '.join(allowed_prefixes)}); "
+                             f"add its package to allowed_targets, e.g. allowed_targets='[{', '.join(allowed_prefixes)}, "
+                             f"{target.split('.')[0]}.]'")]
+    reason = _import_problem(target)
+    return [Problem(key, f"cannot import '{target}': {reason}")] if reason else []
 
 
 def _import_problem(path: str) -> str | None:
@@ -74,10 +108,54 @@ def instantiate(key: str, node: dict[str, Any], *args, **kwargs) -> Any:
     except InstantiationException as err:
         if isinstance(err.__cause__, RunnerError):
             raise err.__cause__ from None
-        cause = err.__cause__ or err
-        raise ConfigError(
-            key, f"building {node.get('_target_')} failed: {type(cause).__name__}: {_first_line(cause)}"
-        ) from err
+        raise refusal(key, node, err.__cause__ or err) from err
+
+
+def call_built(key: str, node: dict[str, Any], factory, *args, **kwargs) -> Any:
+    """Call what a `_partial_: true` node built (an optimizer with the parameters, a scheduler with the optimizer):
+    where the library checks its arguments, so its errors get the config key too."""
+    try:
+        return factory(*args, **kwargs)
+    except RunnerError:
+        raise
+    except (ValueError, TypeError, AssertionError, RuntimeError, KeyError) as err:
+        raise refusal(key, node, err) from err
+
+
+# Library wording for an argument whose name it does not spell out.
+ARGUMENT_WORDS = {"lr": ("learning rate",), "eps": ("epsilon",), "betas": ("beta parameter",)}
+
+
+def refusal(key: str, node: dict[str, Any], cause: BaseException) -> ConfigError:
+    """A library refused the arguments of `key`'s target: name the argument its message mentions, if any."""
+    message = _first_line(cause)
+    lowered = message.lower()
+    unexpected = re.search(r"unexpected keyword argument '(\w+)'", message)
+    if isinstance(cause, TypeError) and unexpected and unexpected.group(1) in node:
+        return ConfigError(f"{key}.{unexpected.group(1)}", f"is not an argument of {node.get('_target_')}; "
+                                                           f"{_arguments(node.get('_target_'))}")
+    for name in node:
+        if name.startswith("_"):
+            continue
+        words = (name, name.replace("_", " "), *ARGUMENT_WORDS.get(name, ()))
+        if any(_mentions(lowered, word.lower()) for word in words):
+            return ConfigError(f"{key}.{name}", f"is {node[name]!r}, which {node.get('_target_')} refuses: {message}")
+    return ConfigError(key, f"building {node.get('_target_')} failed: {type(cause).__name__}: {message}")
+
+
+def _arguments(target: str) -> str:
+    """"it takes a, b, c" for a target's constructor or function, as far as its signature tells."""
+    try:
+        obj = hydra.utils.get_object(target)
+        names = [name for name, parameter in inspect.signature(obj).parameters.items()
+                 if parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD) and name != "self"]
+    except (ValueError, TypeError, ImportError):
+        return "see its documentation for the arguments it takes"
+    return f"it takes {', '.join(names)}" if names else "it takes no arguments"
+
+
+def _mentions(text: str, word: str) -> bool:
+    return re.search(rf"(?<![a-z0-9_]){re.escape(word)}(?![a-z0-9_])", text) is not None
 
 
 def build_model(node: dict[str, Any]) -> nn.Module:
@@ -89,7 +167,7 @@ def build_model(node: dict[str, Any]) -> nn.Module:
 
 def build_optimizer(node: dict[str, Any], parameters: Iterable[nn.Parameter]):
     """The optimizer node is `_partial_: true`: it is called here with the model's parameters."""
-    return instantiate("optimizer", node)(parameters)
+    return call_built("optimizer", node, instantiate("optimizer", node), parameters)
 
 
 def build_scheduler(node: dict[str, Any] | None, optimizer, total_steps: int):
@@ -98,8 +176,8 @@ def build_scheduler(node: dict[str, Any] | None, optimizer, total_steps: int):
         return None
     factory = instantiate("scheduler", node)
     if "total_steps" in inspect.signature(factory).parameters:
-        return factory(optimizer, total_steps=total_steps)
-    return factory(optimizer)
+        return call_built("scheduler", node, factory, optimizer, total_steps=total_steps)
+    return call_built("scheduler", node, factory, optimizer)
 
 
 def build_data(node: dict[str, Any]):

@@ -1,26 +1,36 @@
-"""`python -m runner`: the only @hydra.main. Compose, check, freeze, make the run dir, launch, report."""
+"""`python -m runner`: the Hydra entry point. Compose, check, freeze, make the run dir, launch, report.
+
+A plain run composes the config once and runs it through Hydra's own `run_job` (the `@hydra.main` path composes
+twice: once only to learn the mode). Everything else Hydra offers on the command line (`-m`, `--cfg`, `--info`,
+`--help`, `--shell-completion`, a config that sets `hydra.mode=MULTIRUN`) goes through Hydra's standard entry
+unchanged, with the same task function.
+"""
 
 from __future__ import annotations
 
 import logging
-import shutil
 import sys
 from dataclasses import replace
 from pathlib import Path
 
-import hydra
 import yaml
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
+from runner import rundir
 from runner.checks import check
 from runner.checkpoint import find_resume
 from runner.config import RunConfig, RunSpec, register_configs
 from runner.devices import apply_gpus, select_gpus
-from runner.errors import PREEMPTED_EXIT_CODE, ConfigError, Preempted, RunnerError
+from runner.dist import writes_run_dir
+from runner.errors import (
+    INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, ConfigError, Preempted, RunnerError, write_failure,
+)
 from runner.launch import launch, resolve_num_processes
 from runner.report import finished_result
+from runner.signals import stop_during_startup
 
 log = logging.getLogger("runner")
 
@@ -28,43 +38,195 @@ register_configs()
 
 # An absolute path next to the package: `python -m runner` works from any working directory.
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+CONFIG_NAME = "config"
+# Flags that ask Hydra for something other than running: its standard entry handles them.
+NOT_A_RUN = ("help", "hydra_help", "cfg", "info", "shell_completion", "experimental_rerun")
+# Targets a Hydra callback may name besides allowed_targets: Hydra's own callbacks.
+CALLBACK_PREFIXES = ("runner.sweep.", "hydra.experimental.callbacks.")
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
-def main(cfg: DictConfig) -> float:
-    run_dir = Path(HydraConfig.get().runtime.output_dir).resolve()
+def main(argv: list[str] | None = None) -> None:
+    from hydra._internal.utils import get_args_parser
+
+    # A log line that cannot be written (a full disk) must not print a traceback: the write that matters (a
+    # checkpoint, the metrics) reports the problem as one message.
+    logging.raiseExceptions = False
+    parser = get_args_parser()
+    args = parser.parse_args(argv)
+    if any(getattr(args, flag, None) for flag in NOT_A_RUN):
+        return _hydra_entry(args, parser)
+    _run(args, parser)
+
+
+def _hydra_entry(args, parser) -> None:
+    """Hydra's own entry (what @hydra.main calls): sweeps, --cfg, --info, --help, shell completion."""
+    from hydra._internal.utils import _run_hydra
+
+    _run_hydra(args=args, args_parser=parser, task_function=hydra_task, config_path=CONFIG_DIR,
+               config_name=CONFIG_NAME)
+
+
+def hydra_task(cfg: DictConfig) -> float:
+    """The task function of a job started by Hydra's sweeper (one job of `-m`)."""
+    return run_task(cfg)
+
+
+def _run(args, parser) -> None:
+    """Compose once and check what Hydra itself will build (its callbacks). A sweep then goes on through Hydra's
+    sweeper; one run is decided here: its run dir, before anything is written, then the job, as Hydra.run does."""
+    from hydra._internal.hydra import Hydra
+    from hydra.core.global_hydra import GlobalHydra
+
+    config_name = args.config_name or CONFIG_NAME
+    mode = RunMode.MULTIRUN if args.multirun else RunMode.RUN
     try:
-        spec = freeze(cfg, run_dir)
-        resolve_num_processes(spec)  # null: one per selected GPU on multi_gpu; the checks below need the count
-        if spec.config.resume == "auto":
-            done = finished_result(run_dir, list(HydraConfig.get().overrides.task))
-            if done is not None:
-                log.info("resume=auto: %s already finished with %s=%.4f; not running it again", run_dir, done.monitor, done.value)
-                return done.value
-        hardware = spec.config.hardware
-        gpus = select_gpus(hardware.kind, spec.config.gpu_ids, hardware.num_processes)
-        apply_gpus(gpus)  # CUDA reads CUDA_VISIBLE_DEVICES once, when it initialises: before any check touches CUDA
-        check(spec.config)
-        if gpus.physical:
-            log.info("%s", gpus.table(hardware.num_processes))
-        resume_from = find_resume(spec.config.resume, run_dir, spec.config.checkpoint.verify)
-        spec = replace(spec, resume_from=str(resume_from) if resume_from else None)
-        _write_config(run_dir, spec.resolved, resume_from)
+        try:
+            hydra = Hydra.create_main_hydra2(task_name="runner", config_search_path=search_path(args))
+            cfg = hydra.compose_config(config_name, args.overrides, run_mode=mode, with_log_configuration=True,
+                                       validate_sweep_overrides=mode is RunMode.RUN)
+        except Exception as err:  # Hydra's and OmegaConf's composition errors: the message says it all
+            _exit_with(composition_error(err, args.overrides))
+        problems = callback_problems(cfg)
+        if problems:
+            _exit_with(ConfigError(problems))
+        if args.multirun or cfg.hydra.mode == RunMode.MULTIRUN:  # -m, or e.g. hparams_search=...: a sweep
+            GlobalHydra.instance().clear()
+            return _hydra_entry(args, parser)
+        _run_one(hydra, cfg, config_name)
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def _run_one(hydra, cfg: DictConfig, config_name: str) -> None:
+    from hydra._internal.callbacks import Callbacks
+    from hydra.core.utils import run_job
+    from hydra.types import HydraContext
+
+    cfg.hydra.mode = RunMode.RUN
+    try:
+        HydraConfig.instance().set_config(cfg)
+        run_dir = rundir.inspect(Path(str(OmegaConf.select(cfg, "hydra.run.dir"))))
+        if writes_run_dir(OmegaConf.select(cfg, "hardware.machine_rank", default=0)):
+            run_dir.lock()  # before Hydra writes .hydra/ into it: a run already in there keeps its record
+    except (RunnerError, OmegaConfBaseException) as err:
+        _exit_with(err if isinstance(err, RunnerError) else composition_error(err, []))
+    callbacks = Callbacks(cfg)
+    callbacks.on_run_start(config=cfg, config_name=config_name)
+    ret = run_job(hydra_context=HydraContext(config_loader=hydra.config_loader, callbacks=callbacks),
+                  task_function=lambda task_cfg: run_task(task_cfg, run_dir), config=cfg,
+                  job_dir_key="hydra.run.dir", job_subdir_key=None)
+    callbacks.on_run_end(config=cfg, config_name=config_name, job_return=ret)
+    _ = ret.return_value  # re-raises what the task raised that it did not handle itself: a bug, with its traceback
+
+
+def search_path(args):
+    """Where configs come from: Hydra's own, the runner's conf/ and -cd/--config-dir, as @hydra.main builds it."""
+    import os
+
+    from hydra._internal.utils import create_automatic_config_search_path
+    from hydra.core.config_search_path import SearchPathQuery
+
+    path = create_automatic_config_search_path(None, "runner.cli", args.config_path or CONFIG_DIR)
+    if args.config_dir is not None:
+        config_dir = os.path.abspath(args.config_dir)
+        if not os.path.isdir(config_dir):
+            raise ConfigError("--config-dir", f"'{config_dir}' is not a folder")
+        path.prepend(provider="command-line", path=f"file://{config_dir}", anchor=SearchPathQuery(provider="schema"))
+    return path
+
+
+def composition_error(err: BaseException, overrides: list[str]) -> str:
+    """Hydra's message, plus the OmegaConf error behind it (which names the full key), on one screen; for an
+    override that does not parse, which one it is."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    text = str(err).strip()
+    cause = err.__cause__
+    if isinstance(cause, OmegaConfBaseException) and str(cause).strip() not in text:
+        text += "\n" + str(cause).strip()
+    if isinstance(err, OverrideParseException):
+        for override in overrides:
+            try:
+                OverridesParser.create().parse_overrides([override])
+            except OverrideParseException:
+                return f"the command-line override {override!r} does not parse: {text}"
+    return text
+
+
+def callback_problems(cfg: DictConfig) -> list:
+    """hydra.callbacks are built by Hydra before any run starts: their targets pass the same checks as the
+    recipe's."""
+    from runner.build import target_problems
+
+    callbacks = OmegaConf.to_container(cfg.hydra.callbacks, resolve=False) or {}
+    allowed = [*OmegaConf.select(cfg, "allowed_targets", default=[]), *CALLBACK_PREFIXES]
+    return target_problems({f"hydra.callbacks.{name}": node for name, node in callbacks.items()}, allowed)
+
+
+def run_task(cfg: DictConfig, run_dir: rundir.RunDir | None = None) -> float:
+    """One run, start to end. `run_dir`: what the entry point found before Hydra wrote into it (None for a sweep's
+    job, whose numbered dir Hydra made just now)."""
+    hydra = HydraConfig.get()
+    multirun = hydra.mode == RunMode.MULTIRUN
+    run_dir = run_dir or rundir.inspect(Path(hydra.runtime.output_dir))
+    try:
+        with stop_during_startup():
+            spec = freeze(cfg, run_dir.path)
+            if not run_dir.locked and writes_run_dir(spec.config.hardware.machine_rank):
+                run_dir.lock()
+            if spec.config.resume == "auto":
+                done = finished_result(run_dir.path, list(hydra.overrides.task))
+                if done is not None:
+                    log.info("resume=auto: %s already finished with %s=%.4f; not running it again", run_dir.path,
+                             done.monitor, done.value)
+                    return done.value
+            spec = preflight(spec)
         final = launch(spec)
         value = monitored_value(final, spec.config.trainer.monitor)
     except RunnerError as err:
-        return _fail(err, run_dir)
+        return _fail(err, run_dir, multirun)
     except Preempted as stop:
-        log.info("%s. Continue with the same command plus resume=auto hydra.run.dir=%s", stop, run_dir)
+        run_dir.unlock()
+        again = f"; continue with the same command plus resume=auto hydra.run.dir={run_dir.path}" if stop.step else ""
+        print(f"runner: {stop}{again}", file=sys.stderr)
         raise SystemExit(PREEMPTED_EXIT_CODE)
-    log.info("final %s | run dir %s", ", ".join(f"{k}={v:.4f}" for k, v in final.items()), run_dir)
+    except KeyboardInterrupt:
+        run_dir.unlock()
+        print(f"runner: interrupted (Ctrl-C); {rundir_summary(run_dir)}", file=sys.stderr)
+        raise SystemExit(INTERRUPTED_EXIT_CODE)
+    run_dir.unlock()
+    log.info("final %s | run dir %s", ", ".join(f"{k}={v:.4f}" for k, v in final.items()), run_dir.path)
     return value
+
+
+def preflight(spec: RunSpec) -> RunSpec:
+    """Everything decided once, in this process, before a worker starts: processes, GPUs, every cross-field
+    check, the checkpoint to resume from, and config.yaml."""
+    resolve_num_processes(spec)  # null: one per selected GPU on multi_gpu; the checks below need the count
+    hardware = spec.config.hardware
+    gpus = select_gpus(hardware.kind, spec.config.gpu_ids, hardware.num_processes)
+    apply_gpus(gpus)  # CUDA reads CUDA_VISIBLE_DEVICES once, when it initialises: before any check touches CUDA
+    check(spec.config)
+    if gpus.physical:
+        log.info("%s", gpus.table(hardware.num_processes))
+    run_dir = Path(spec.run_dir)
+    resume_from = find_resume(spec.config.resume, run_dir, spec.config.checkpoint.verify)
+    _write_config(run_dir, spec.resolved, resume_from)
+    return replace(spec, resume_from=str(resume_from) if resume_from else None)
 
 
 def freeze(cfg: DictConfig, run_dir: Path) -> RunSpec:
     """Resolve every interpolation once, here, and hand workers plain typed objects (never a DictConfig)."""
-    resolved = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-    config = OmegaConf.to_object(cfg)
+    try:
+        resolved = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+        config = OmegaConf.to_object(cfg)
+    except MissingMandatoryValue as err:
+        raise ConfigError(err.full_key, "is required and has no value; set it on the command line, "
+                                        f"e.g. {err.full_key}=...") from None
+    except OmegaConfBaseException as err:
+        message = str(err).split("\n")[0]
+        raise ConfigError(getattr(err, "full_key", None) or "config", message) from None
     assert isinstance(config, RunConfig)
     return RunSpec(config=config, resolved=resolved, run_dir=str(run_dir))
 
@@ -74,7 +236,8 @@ def _write_config(run_dir: Path, resolved: dict, resume_from: Path | None) -> No
     if (run_dir / "config.yaml").is_file():
         log.info("continuing the run in %s from %s; its config.yaml is kept", run_dir, resume_from or "scratch")
         return
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False), encoding="utf-8")
+    with write_failure(run_dir / "config.yaml", "the run's config.yaml"):
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False), encoding="utf-8")
     if resume_from:
         log.info("this run starts from the checkpoint %s", resume_from)
 
@@ -85,15 +248,32 @@ def monitored_value(final: dict[str, float], monitor: str) -> float:
     return final[monitor]
 
 
-def _fail(err: RunnerError, run_dir: Path) -> float:
-    """Say what went wrong in one paragraph; drop a run dir that holds nothing but Hydra's bookkeeping."""
-    started = any((run_dir / name).exists() for name in ("metrics.jsonl", "checkpoints", "tensorboard"))
-    multirun = HydraConfig.get().mode == RunMode.MULTIRUN
-    if not started and not multirun:  # a sweep keeps the job dir: its result.json records this error
-        shutil.rmtree(run_dir, ignore_errors=True)
-    print(f"runner: error: {err}", file=sys.stderr)
-    if started:
-        print(f"runner: the run dir {run_dir} keeps what the run wrote before it stopped", file=sys.stderr)
-    if multirun:
+def rundir_summary(run_dir: rundir.RunDir) -> str:
+    """What a run left behind when it stopped: its newest complete checkpoint, if any."""
+    from runner.checkpoint import newest_complete_step
+
+    step = newest_complete_step(run_dir.path / "checkpoints")
+    if step is None:
+        return f"no checkpoint was written; the run dir is {run_dir.path}"
+    return (f"the last complete checkpoint is step {step}; continue with the same command plus resume=auto "
+            f"hydra.run.dir={run_dir.path}")
+
+
+def _fail(err: RunnerError, run_dir: rundir.RunDir, multirun: bool) -> float:
+    """Say what went wrong in one paragraph; remove what this invocation created if training never started."""
+    started = run_dir.training_started
+    kept = f"; {rundir_summary(run_dir)}" if started else ""
+    print(f"runner: error: {err}{kept}", file=sys.stderr)
+    if multirun:  # a sweep keeps the job dir: its result.json records this error
+        run_dir.unlock()
         raise err  # the sweeper records this job as failed and runs the others
+    if started or not run_dir.locked:  # only the process that owns the run dir tidies it
+        run_dir.unlock()
+    else:
+        run_dir.remove_what_this_run_created()
+    raise SystemExit(1)
+
+
+def _exit_with(err: BaseException | str) -> None:
+    print(f"runner: error: {err}", file=sys.stderr)
     raise SystemExit(1)

@@ -62,6 +62,13 @@ def external_rank() -> int | None:
     return int(os.environ["RANK"]) if "RANK" in os.environ else None
 
 
+def writes_run_dir(machine_rank: int) -> bool:
+    """Whether this process owns the run dir's run-level files (config.yaml, the lock, result.json): the launching
+    process of machine 0, or global rank 0 of a run torchrun started."""
+    rank = external_rank()
+    return machine_rank == 0 and rank in (None, 0)
+
+
 def external_run_id() -> str | None:
     """An id shared by every rank of one torchrun launch on this machine, or None outside torchrun.
 
@@ -83,6 +90,25 @@ def init_process_group(info: DistInfo, device_type: str, timeout_s: float = 1800
     if info.is_distributed and not torch_dist.is_initialized():
         backend = "nccl" if device_type == "cuda" else "gloo"
         torch_dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+
+
+def peer_store(run_dir: str):
+    """A client of the store this process group met at (torchrun's or the elastic agent's, at MASTER_ADDR and
+    MASTER_PORT), its keys scoped to this launch, restart and run dir; None when there is none to reach."""
+    address, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not address or not port:
+        return None
+    store = torch_dist.TCPStore(address, int(port), is_master=False, timeout=timedelta(seconds=30))
+    scope = "/".join(("runner", os.environ.get("TORCHELASTIC_RUN_ID", "run"),
+                      os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"), hashlib.sha256(run_dir.encode()).hexdigest()[:12]))
+    return torch_dist.PrefixStore(scope + "/", store)
+
+
+def new_cpu_group():
+    """A gloo group over every rank, for small CPU-side agreements that must not wait for the device (the
+    default group is NCCL on GPUs, and on CPUs its own collectives must not interleave with these). Every rank
+    must call this at the same point."""
+    return torch_dist.new_group(backend="gloo")
 
 
 def destroy_process_group() -> None:
@@ -216,14 +242,15 @@ def threads_per_process(info: DistInfo, requested: int | None) -> int:
 
 
 def exit_with_parent() -> None:
-    """Ask Linux to send this worker SIGTERM when the process that started it dies (even by SIGKILL), so a killed
-    launcher leaves no orphaned workers behind. A no-op where prctl is unavailable."""
+    """Ask Linux to kill this worker when the process that started it dies (even by SIGKILL), so a killed launcher
+    leaves no orphaned workers behind, whatever they are doing (SIGKILL: a hung collective or a stop handler
+    cannot hold it up; checkpoints are atomic, so nothing half-written survives). A no-op without prctl."""
     try:
         import ctypes
         import signal
 
         libc = ctypes.CDLL(None, use_errno=True)
         pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
     except (OSError, AttributeError):
         pass

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import errno
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
 
 
 class RunnerError(Exception):
@@ -54,7 +58,39 @@ class CheckpointError(RunnerError):
     """A checkpoint could not be written or read back."""
 
 
+class WriteError(RunnerError):
+    """A file of the run (checkpoint, export, metrics, TensorBoard, config) could not be written."""
+
+
+class DiskFull(WriteError):
+    """The disk (or the user's quota) is full: free space, then resume=auto continues from the last checkpoint."""
+
+
+class NonFiniteLoss(RunnerError):
+    """The training loss became NaN or infinite (trainer.on_nonfinite=stop)."""
+
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+
+
+def write_error(err: OSError, path: Path | str, what: str) -> WriteError:
+    """The one-line error for an OSError while writing `path` (`what`: e.g. "checkpoint step 40")."""
+    if err.errno in DISK_FULL_ERRNOS:
+        return DiskFull(f"no space left on the disk holding {path} while writing {what}")
+    return WriteError(f"could not write {path} while writing {what}: {err.strerror or err}")
+
+
+@contextmanager
+def write_failure(path: Path | str, what: str) -> Iterator[None]:
+    """Turn an OSError raised inside the block into a WriteError (DiskFull for ENOSPC/EDQUOT) naming the file."""
+    try:
+        yield
+    except OSError as err:
+        raise write_error(err, path, what) from err
+
+
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL (sysexits.h): "try again later", i.e. requeue with resume=auto
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 
 
 class Preempted(Exception):
@@ -63,6 +99,9 @@ class Preempted(Exception):
 
     def __init__(self, signal_name: str, step: int | None, checkpoint):
         self.signal_name, self.step, self.checkpoint = signal_name, step, checkpoint
-        saved = f"saved {checkpoint}" if checkpoint else "checkpoints are off, nothing was saved"
-        after = f"optimizer step {step}" if step is not None else "the current optimizer step"
-        super().__init__(f"stopped by {signal_name} after {after}; {saved}")
+        if step is None:
+            text = f"stopped by {signal_name} before training started; nothing was trained or saved"
+        else:
+            saved = f"saved {checkpoint}" if checkpoint else "checkpoints are off, nothing was saved"
+            text = f"stopped by {signal_name} after optimizer step {step}; {saved}"
+        super().__init__(text)

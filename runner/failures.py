@@ -14,11 +14,12 @@ import traceback
 from runner.errors import RunnerError
 
 TRACEBACK_TAIL_LINES = 8
-PEER_LOST_GRACE_S = 2.0  # how long a rank that lost its peer waits before exiting (see worker.run_spawned)
 STEP_ATTRIBUTE = "runner_failed_after_step"
+FAILURE_ATTRIBUTE = "runner_failure"
 
-# What a collective raises when a peer process is gone (gloo / nccl wording).
+# What a collective raises when a peer process is gone (gloo / nccl wording), and when it waited too long.
 PEER_LOST_WORDS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted")
+TIMEOUT_WORDS = ("Timed out", "timed out", "Timeout", "timeout")
 
 
 class RankFailed(RuntimeError):
@@ -27,6 +28,15 @@ class RankFailed(RuntimeError):
 
 class PeerLost(RuntimeError):
     """This rank stopped because another one failed."""
+
+
+class RelayedFailure(RuntimeError):
+    """Another rank's report ("[rank] message"), recorded by a peer that ended itself on seeing it (runner/peers.py),
+    so the launcher has the root cause even when that peer exits before the rank that failed."""
+
+
+class PeerHung(RuntimeError):
+    """This rank gave up waiting in a collective for a peer that stopped making progress; the message names it."""
 
 
 def mark_step(err: BaseException, step: int) -> None:
@@ -38,19 +48,42 @@ def mark_step(err: BaseException, step: int) -> None:
         pass
 
 
-def worker_failure(rank: int, err: BaseException) -> RuntimeError:
-    """The exception a worker raises in place of `err`, its message ready for the console."""
+def worker_failure(rank: int, err: BaseException, peers=None, timeout_s: float | None = None) -> RuntimeError:
+    """The exception a worker raises in place of `err`, its message ready for the console (worked out once per
+    error: the worker reports it to its peers, then to the launcher)."""
+    known = getattr(err, FAILURE_ATTRIBUTE, None)
+    if known is not None:
+        return known
+    failure = _failure(rank, err, peers, timeout_s)
+    try:
+        setattr(err, FAILURE_ATTRIBUTE, failure)
+    except AttributeError:
+        pass
+    return failure
+
+
+def _failure(rank: int, err: BaseException, peers, timeout_s: float | None) -> RuntimeError:
     step = getattr(err, STEP_ATTRIBUTE, None)
     when = "before the first optimizer step" if step is None else f"after {step} optimizer step(s)"
     if _is_peer_lost(err):
         return PeerLost(f"rank {rank} stopped {when}: it lost a peer ({type(err).__name__}: {_first_line(err)})")
+    hung = peers.hung_rank(timeout_s) if peers is not None and timeout_s and _is_timeout(err) else None
+    if hung is not None:
+        hung_rank, hung_step, age = hung
+        at = "before its first optimizer step" if hung_step is None else f"at optimizer step {hung_step}"
+        return PeerHung(f"rank {hung_rank} hung: it made no progress for {age:.0f} s ({at}); rank {rank} gave up "
+                        f"waiting for it after hardware.timeout_s={timeout_s:g} s")
     if isinstance(err, RunnerError):  # a user error: its whole message says it all
-        return RankFailed(f"rank {rank} failed {when}: {type(err).__name__}: {str(err).strip()}")
+        return RankFailed(f"{str(err).strip()} (rank {rank}, {when})")
     headline = f"rank {rank} failed {when}: {type(err).__name__}: {_first_line(err)}"
     lines = "".join(traceback.format_exception(type(err), err, err.__traceback__)).rstrip().splitlines()
     lines = [line for line in lines if line.strip(" ^~")]  # drop the caret lines that underline expressions
     tail = "\n".join("    " + line for line in lines[-TRACEBACK_TAIL_LINES:])
     return RankFailed(f"{headline}\n  end of its traceback:\n{tail}")
+
+
+def _is_timeout(err: BaseException) -> bool:
+    return any(word in str(err) for word in TIMEOUT_WORDS)
 
 
 def _is_peer_lost(err: BaseException) -> bool:
@@ -75,21 +108,31 @@ def root_cause(failures: dict[int, object]) -> tuple[int, str]:
         data = failure.message
         return data.get("message", "") if isinstance(data, dict) else str(data or "")
 
-    def category(item) -> tuple[int, int, int]:
+    def category(item) -> tuple[float, int, int]:
         rank, failure = item
         text = message(failure)
         if text.startswith(RankFailed.__name__):
             order = 0
-        elif failure.exitcode < 0 and -failure.exitcode != signal.SIGTERM:
+        elif text.startswith(RelayedFailure.__name__):
+            order = 0.5
+        elif text.startswith(PeerHung.__name__):
             order = 1
-        elif text.startswith(PeerLost.__name__):
+        elif failure.exitcode < 0 and -failure.exitcode != signal.SIGTERM:
             order = 2
-        else:
+        elif text.startswith(PeerLost.__name__):
             order = 3
+        else:
+            order = 4
         return order, failure.timestamp, rank
 
     rank, failure = min(failures.items(), key=category)
     text = message(failure)
+    if text.startswith(RelayedFailure.__name__ + ": ["):
+        failed, _, report = text[len(RelayedFailure.__name__) + 3:].partition("] ")
+        return int(failed), report
+    if text.startswith(PeerHung.__name__ + ": "):
+        text = text[len(PeerHung.__name__) + 2:]
+        return int(text.split()[1]), text  # "rank N hung: ...": the log worth reading is the hung rank's
     for prefix in (RankFailed.__name__ + ": ", PeerLost.__name__ + ": "):
         if text.startswith(prefix):
             return rank, text[len(prefix):]

@@ -134,7 +134,7 @@ class Loop:
             epoch_ends = index + 1 == self.steps_per_epoch * accumulate  # then fit() saves after the epoch
             if not epoch_ends and self.state.step < self.total_steps and self.checkpointer.due(self.state.step, evaluated):
                 self.save()
-            if self.stop.requested(self.state.step):
+            if self.stop.requested():
                 self.stop_now()
             if self.state.step >= self.total_steps:
                 if index + 1 < self.steps_per_epoch * accumulate:

@@ -1,52 +1,91 @@
 """Stop signals (SIGTERM from a scheduler, SIGUSR1 before a time limit) turned into a request the loop honours
-after the current optimizer step: it saves a checkpoint and the run exits with code 75 (see errors.Preempted).
+after an optimizer step: it saves a checkpoint and the run exits with code 75 (see errors.Preempted).
 
-The handler only records the signal; nothing unsafe runs inside it. With several processes the ranks agree on
-stopping with one small all-reduce every `check_every` optimizer steps (the loop passes its log cadence, where it
-reads the device anyway), so every rank stops after the same step and no step pays a host-device sync for it.
+The handler only records the signal; nothing unsafe runs inside it. With several processes the ranks must stop
+after the same step (a rank that stopped alone would leave the others waiting in a collective), so after every
+optimizer step each rank starts a one-number all-reduce of "did I get a signal" on a CPU (gloo) group, without
+waiting for it, and reads the previous step's result, which finished long ago: every rank sees the same sums in
+the same order and stops after the same step, one step after the signal, and no step waits for the device.
 """
 
 from __future__ import annotations
 
 import signal
+from contextlib import contextmanager
+from typing import Iterator
 
 import torch
 
-from runner.dist import all_reduce_sum
+from runner.errors import Preempted
+
+STARTUP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+@contextmanager
+def stop_during_startup() -> Iterator[None]:
+    """A stop signal before training starts ends the run at once (exit 75): there is nothing to save yet.
+    StopSignals takes over when training starts."""
+
+    def stop(signum, frame):
+        raise Preempted(signal.Signals(signum).name, None, None)
+
+    previous = {sig: signal.signal(sig, stop) for sig in STARTUP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 class StopSignals:
-    """Installed by the worker for the run's duration; the loop asks `requested(step)` after each optimizer step."""
+    """Installed by the worker for the run's duration; the loop asks `requested()` after each optimizer step."""
 
-    def __init__(self, names: list[str], distributed: bool = False, device: torch.device | str = "cpu",
-                 check_every: int = 1):
+    def __init__(self, names: list[str], distributed: bool = False):
         self.signals = [signal.Signals[str(getattr(name, "value", name))] for name in names]
-        self.distributed, self.device = distributed, torch.device(device)
-        self.check_every = max(1, check_every)
         self.received: signal.Signals | None = None
         self._previous: dict[signal.Signals, object] = {}
+        self._group = None
+        self._pending = None
+        self._flag = torch.zeros(1)
+        if distributed and self.signals:
+            from runner.dist import new_cpu_group
+
+            self._group = new_cpu_group()
 
     def __enter__(self) -> "StopSignals":
         for sig in self.signals:
             self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self._pending is not None and exc_type is None:
+            self._pending.wait()  # every rank started it: finish it before the group goes away
+        self._pending = None
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+            # Once stopping, a repeated signal (the scheduler's, then the launcher's forwarded copy) must not kill
+            # the process while it exits with the checkpoint sealed.
+            signal.signal(sig, signal.SIG_IGN if self.received is not None else handler)
         self._previous.clear()
 
     def _handle(self, signum, frame) -> None:
         if self.received is None:
             self.received = signal.Signals(signum)
 
-    def requested(self, step: int = 0) -> bool:
-        if not self.distributed or not self.signals:  # every rank has the same signal list: no need to agree
+    def requested(self) -> bool:
+        if self._group is None:  # one process, or no stop signals: nothing to agree on
             return self.received is not None
-        if step % self.check_every:
-            return False  # every rank skips the same steps, so they still agree on where to stop
-        flag = torch.tensor([0.0 if self.received is None else 1.0], device=self.device)
-        return all_reduce_sum(flag).item() > 0
+        import torch.distributed as torch_dist
+
+        agreed = False
+        if self._pending is not None:
+            self._pending.wait()
+            agreed = self._flag.item() > 0  # a CPU tensor: reading it waits for nothing
+        if agreed:
+            self._pending = None
+            return True
+        self._flag = torch.tensor([0.0 if self.received is None else 1.0])
+        self._pending = torch_dist.all_reduce(self._flag, group=self._group, async_op=True)
+        return False
 
     @property
     def name(self) -> str:
@@ -59,5 +98,5 @@ class NoStopSignals:
     received = None
     name = ""
 
-    def requested(self, step: int = 0) -> bool:
+    def requested(self) -> bool:
         return False

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
-import time
 from pathlib import Path
 
 from runner.accelerator import Accelerator, set_seed
@@ -22,20 +22,48 @@ from runner.dist import (
     init_process_group,
     keep_process_group_until_exit,
     local_main_first,
+    peer_store,
     threads_per_process,
 )
-from runner.errors import PREEMPTED_EXIT_CODE, LaunchError, Preempted
-from runner.failures import PEER_LOST_GRACE_S, PeerLost, mark_step, worker_failure
+from runner.errors import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, LaunchError, Preempted
+from runner.failures import FAILURE_ATTRIBUTE, PeerLost, mark_step, worker_failure
+from runner.peers import NoPeers, Peers
 from runner.loop import Loop, is_finished, planned_steps
 from runner.metrics import Progress, make_logger
-from runner.signals import StopSignals
+from runner.signals import StopSignals, stop_during_startup
 
 log = logging.getLogger(__name__)
+
+PEER_REPORT_WAIT_S = 2.0  # how long a rank that lost its peer waits for that peer's own report
 
 
 def run(spec: RunSpec, keep_process_group: bool = False) -> dict[str, float]:
     """Entry point of every worker, in-process or started by a launcher. Returns final metrics."""
     dist = DistInfo.from_env()
+    peers = _peers(dist, spec.run_dir)
+    try:
+        with stop_during_startup(), peers:
+            return _run(spec, dist, peers, keep_process_group)
+    except Preempted:
+        peers.leave("stopped")
+        raise
+    except Exception as err:
+        if dist.is_distributed:  # finish the report even when the launcher starts stopping the group meanwhile
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        failure = worker_failure(dist.rank, err, peers, spec.config.hardware.timeout_s)
+        if isinstance(failure, PeerLost):  # say why the peer went, once it has said so itself
+            failure = peers.other_failure(wait_s=PEER_REPORT_WAIT_S) or failure
+            setattr(err, FAILURE_ATTRIBUTE, failure)
+        peers.report_failure(str(failure))
+        raise
+
+
+def _peers(dist: DistInfo, run_dir: str):
+    store = peer_store(run_dir) if dist.is_distributed else None
+    return Peers(store, dist.rank, dist.world_size) if store is not None else NoPeers()
+
+
+def _run(spec: RunSpec, dist: DistInfo, peers, keep_process_group: bool) -> dict[str, float]:
     hardware = spec.config.hardware
     device = device_for(hardware.kind, dist)
     if dist.is_distributed:
@@ -54,7 +82,7 @@ def run(spec: RunSpec, keep_process_group: bool = False) -> dict[str, float]:
         device, spec.config.precision.kind, dist, spec.config.trainer.grad_accum_steps,
         tpu=resolve_kind(spec.config.hardware.kind) is HardwareKind.tpu,
     )
-    final = train(spec.config, spec.resolved, Path(spec.run_dir), accelerator, spec.resume_from)
+    final = train(spec.config, spec.resolved, Path(spec.run_dir), accelerator, spec.resume_from, peers)
     # Only after success: a failing rank keeps its connections until it exits, after it has reported its error, so
     # its peers (which fail when those connections drop) cannot be reported first and hide the root cause.
     if not keep_process_group:
@@ -63,7 +91,7 @@ def run(spec: RunSpec, keep_process_group: bool = False) -> dict[str, float]:
 
 
 def train(config: RunConfig, resolved: dict, run_dir: Path, accelerator: Accelerator,
-          resume_from: str | None = None) -> dict[str, float]:
+          resume_from: str | None = None, peers=None) -> dict[str, float]:
     trainer, is_main = config.trainer, accelerator.is_main_process
     set_seed(config.seed)
     # fp8 swaps Linear layers for Float8Linear: before the optimizer is built from the parameters.
@@ -99,8 +127,7 @@ def train(config: RunConfig, resolved: dict, run_dir: Path, accelerator: Acceler
                          start_step=restored["loop"]["step"] if restored else 0)
     checkpointer = Checkpointer(run_dir, config.checkpoint, writer=is_main, monitor=trainer.monitor,
                                 monitor_mode=trainer.monitor_mode, world_size=accelerator.num_processes, resolved=resolved)
-    stop = StopSignals(config.checkpoint.stop_signals, accelerator.dist.is_distributed, accelerator.device,
-                       check_every=trainer.log_every_steps)
+    stop = StopSignals(config.checkpoint.stop_signals, accelerator.dist.is_distributed)
     loop = Loop(
         accelerator, prepared_model, prepared_optimizer, scheduler, train_batches, val_batches, task, trainer,
         logger=logger,
@@ -108,6 +135,8 @@ def train(config: RunConfig, resolved: dict, run_dir: Path, accelerator: Acceler
         checkpointer=checkpointer,
         stop=stop,
     )
+    if peers is not None:
+        peers.watch_progress(lambda: loop.state.step)
     if restored:
         loop.load_state_dict(restored["loop"], restored["this_rank"])
         checkpointer.load_state_dict(restored["checkpointer"])
@@ -141,31 +170,45 @@ def run_spawned(spec: RunSpec) -> dict[str, float]:
     and a failure re-raised as one readable report (rank, step, end of the traceback) for the parent to print."""
     dist = DistInfo.from_env()
     exit_with_parent()
+    logging.raiseExceptions = False  # a log line that cannot be written (a full disk) prints no traceback
     _log_to_rank_file(Path(spec.run_dir) / f"runner_rank{dist.rank}.log")
     try:
         return run(spec)
     except Preempted as stop:
         log.info("%s", stop)
         raise SystemExit(PREEMPTED_EXIT_CODE)  # the launcher reports it; launch.py turns it back into Preempted
+    except KeyboardInterrupt:
+        log.info("rank %d interrupted (Ctrl-C)", dist.rank)
+        raise SystemExit(INTERRUPTED_EXIT_CODE) from None
     except Exception as err:
-        log.exception("rank %d failed", dist.rank)
-        failure = worker_failure(dist.rank, err)
-        if isinstance(failure, PeerLost):
-            # The launcher reports the first worker it sees exit. A rank that only lost its peer waits, so the
-            # peer that really failed (and exited first) is the one reported; the launcher then stops this one.
-            time.sleep(PEER_LOST_GRACE_S)
-        raise failure from None
+        log.exception("rank %d failed", dist.rank)  # the whole traceback: into this rank's log file only
+        raise worker_failure(dist.rank, err) from None
+
+
+class _NoTraceback(logging.Formatter):
+    """The console gets one line per record: tracebacks go to the rank's log file."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        saved = record.exc_info, record.exc_text
+        record.exc_info = record.exc_text = None
+        try:
+            return super().format(record)
+        finally:
+            record.exc_info, record.exc_text = saved
 
 
 def _log_to_rank_file(path: Path) -> None:
-    """This rank's log lines go to its own file and the console. A forked worker inherited the parent's handlers
-    (its runner.log among them): they are dropped, not closed, since the parent still writes through them."""
+    """This rank's log lines go to its own file and, without tracebacks, to the console. A forked worker
+    inherited the parent's handlers (its runner.log among them): they are dropped, not closed, since the parent
+    still writes through them."""
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)
-    formatter = logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
-    for handler in (logging.FileHandler(path), logging.StreamHandler(sys.stdout)):
-        handler.setFormatter(formatter)
+    layout = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
+    to_file, to_console = logging.FileHandler(path), logging.StreamHandler(sys.stdout)
+    to_file.setFormatter(logging.Formatter(layout))
+    to_console.setFormatter(_NoTraceback(layout))
+    for handler in (to_file, to_console):
         root.addHandler(handler)
     root.setLevel(logging.INFO)
 

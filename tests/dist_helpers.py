@@ -16,13 +16,16 @@ from runner.models import SeqTransformer
 
 
 class FaultySeqTransformer(nn.Module):
-    """SeqTransformer whose `fail_rank` raises at its `fail_at_forward`-th training forward pass (1-based).
-    `sleep_s` slows every training forward pass, to keep a run alive long enough to kill its launcher."""
+    """SeqTransformer whose `fail_rank` raises at its `fail_at_forward`-th training forward pass (1-based), and whose
+    `hang_rank` stops there for an hour. `sleep_s` slows every training forward pass, to keep a run alive long
+    enough to signal or kill its launcher."""
 
-    def __init__(self, fail_rank: int = -1, fail_at_forward: int = 0, sleep_s: float = 0.0, **model_kwargs):
+    def __init__(self, fail_rank: int = -1, fail_at_forward: int = 0, sleep_s: float = 0.0, hang_rank: int = -1,
+                 hang_at_forward: int = 0, **model_kwargs):
         super().__init__()
         self.model = SeqTransformer(**model_kwargs)
         self.fail_rank, self.fail_at_forward, self.sleep_s = fail_rank, fail_at_forward, sleep_s
+        self.hang_rank, self.hang_at_forward = hang_rank, hang_at_forward
         self.training_forwards = 0
 
     def forward(self, tokens):
@@ -31,6 +34,8 @@ class FaultySeqTransformer(nn.Module):
             # Tests may read the environment; the runner package may not (only dist.py does).
             if int(os.environ.get("RANK", 0)) == self.fail_rank and self.training_forwards == self.fail_at_forward:
                 raise ValueError(f"injected failure at training forward {self.training_forwards}")
+            if int(os.environ.get("RANK", 0)) == self.hang_rank and self.training_forwards == self.hang_at_forward:
+                time.sleep(3600)  # a rank stuck in its own code (a deadlock, a dead file system): its peers wait
             time.sleep(self.sleep_s)
         return self.model(tokens)
 
@@ -57,3 +62,23 @@ def record_main_first_order(path: str) -> bool:
         with open(path, "a") as handle:
             handle.write(f"{info.rank}\n")
     return True
+
+
+def step_at_which_ranks_stop(signal_rank: int, signal_after_step: int) -> int:
+    """Each rank asks StopSignals after every step; `signal_rank` gets SIGUSR1 after `signal_after_step`."""
+    import signal
+
+    from runner.dist import DistInfo, init_process_group
+    from runner.signals import StopSignals
+
+    info = DistInfo.from_env()
+    init_process_group(info, "cpu", timeout_s=60)
+    with StopSignals(["SIGUSR1"], distributed=True) as stop:
+        for step in range(1, 20):
+            if info.rank == signal_rank and step == signal_after_step:
+                os.kill(os.getpid(), signal.SIGUSR1)
+            if info.rank != signal_rank:
+                time.sleep(0.01)  # the ranks are not in lockstep
+            if stop.requested():
+                return step
+    return -1

@@ -243,22 +243,6 @@ print(config["model"]["_target_"], sorted(weights), tuple(weights["0.weight"].sh
     assert torch.equal(rebuilt(x), model(x))
 
 
-def test_stop_signals_record_the_configured_signal_only():
-    with StopSignals(["SIGUSR1"]) as stop:
-        assert not stop.requested()
-        os.kill(os.getpid(), signal.SIGUSR1)
-        assert stop.requested() and stop.name == "SIGUSR1"
-    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # the previous handler is back
-
-
-def test_ranks_agree_on_stopping_only_at_the_check_cadence():
-    """With several processes, asking whether any rank got a signal costs a collective and a host-device sync: it
-    happens every `check_every` steps (the log cadence), the same steps on every rank, never on the others."""
-    with StopSignals(["SIGUSR1"], distributed=True, check_every=5) as stop:
-        os.kill(os.getpid(), signal.SIGUSR1)
-        assert [step for step in range(1, 11) if stop.requested(step)] == [5, 10]
-
-
 def test_large_files_are_hashed_in_blocks_and_any_altered_block_is_found(tmp_path, monkeypatch):
     monkeypatch.setattr(files, "BLOCK", 1024)
     model, optimizer = _objects()

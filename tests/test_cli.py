@@ -102,7 +102,7 @@ def test_main_returns_the_monitored_metric_for_sweepers(tmp_path):
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import open_dict
 
-    from runner.cli import CONFIG_DIR, main
+    from runner.cli import CONFIG_DIR, run_task
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = compose("config", overrides=[*TINY, "trainer.max_steps=2", "trainer.monitor=val/loss"],
@@ -112,6 +112,6 @@ def test_main_returns_the_monitored_metric_for_sweepers(tmp_path):
     HydraConfig.instance().set_config(cfg)
     with open_dict(cfg):
         del cfg["hydra"]
-    value = main.__wrapped__(cfg)
+    value = run_task(cfg)
     (step, logged), = read_scalars(tmp_path / "run", "val/loss")
     assert step == 2 and value == pytest.approx(logged, rel=1e-6)

@@ -49,13 +49,13 @@ def test_unimportable_target(cli):
 
 
 def test_target_outside_the_allow_list(cli):
-    result = cli(*TINY, "model._target_=os.system")
-    _assert_clean_failure(result, "'os.system' is not under an allowed module prefix", "allowed_targets")
+    result = cli(*TINY, "model._target_=numpy.load")
+    _assert_clean_failure(result, "'numpy.load' is not under an allowed module prefix", "allowed_targets")
 
 
 def test_bad_constructor_argument_names_the_key_and_target(cli):
     result = cli(*TINY, "+model.widht=3")
-    _assert_clean_failure(result, "model: building runner.models.SeqTransformer failed", "widht")
+    _assert_clean_failure(result, "model.widht: is not an argument of runner.models.SeqTransformer")
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="asserts the no-CUDA message")

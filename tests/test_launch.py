@@ -111,7 +111,7 @@ def test_a_worker_failure_names_rank_step_and_the_end_of_the_traceback():
 
 def test_a_user_error_in_a_worker_keeps_just_its_message():
     failure = worker_failure(0, _raise(DataError("data: a split has no rows")))
-    assert str(failure) == "rank 0 failed before the first optimizer step: DataError: data: a split has no rows"
+    assert str(failure) == "data: a split has no rows (rank 0, before the first optimizer step)"
 
 
 def test_a_broken_collective_means_a_lost_peer():

@@ -14,10 +14,11 @@ from runner.checkpoint.checkpointer import (
     config_hash,
     restore,
 )
-from runner.checkpoint.files import LATEST, MANIFEST, complete_checkpoints, damage, read_pointer
+from runner.checkpoint.files import LATEST, MANIFEST, complete_checkpoints, damage, newest_complete_step, read_pointer
 from runner.checkpoint.resume import AUTO, find_resume
 
 __all__ = [
     "AUTO", "CONFIG_FILE", "EXPORT_DIR", "LATEST", "MANIFEST", "MODEL_FILE", "STATE_FILE", "Checkpointer",
-    "apply_rng", "complete_checkpoints", "config_hash", "damage", "find_resume", "read_pointer", "restore",
+    "apply_rng", "complete_checkpoints", "config_hash", "damage", "find_resume", "newest_complete_step", "read_pointer",
+    "restore",
 ]

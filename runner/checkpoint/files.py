@@ -207,6 +207,12 @@ def complete_checkpoints(directory: Path) -> list[tuple[Path, dict]]:
     return sorted(found, key=lambda item: item[1]["step"])
 
 
+def newest_complete_step(directory: Path) -> int | None:
+    """The step of the newest checkpoint with a manifest (what `resume=auto` would try first), or None."""
+    found = complete_checkpoints(directory)
+    return found[-1][1]["step"] if found else None
+
+
 def remove_checkpoint(path: Path) -> None:
     """Delete a checkpoint: the manifest first, so a half-deleted directory is never taken for a complete one."""
     (path / MANIFEST).unlink(missing_ok=True)

@@ -1,0 +1,47 @@
+"""Stop signals: recorded by the handler, honoured after an optimizer step, agreed on by every rank at the same
+step; a signal before training starts ends the run at once."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from runner.errors import Preempted
+from runner.signals import StopSignals, stop_during_startup
+
+import dist_helpers
+from test_dist import _launch_two
+
+
+def test_stop_signals_record_the_configured_signal_only():
+    with StopSignals(["SIGUSR1"]) as stop:
+        assert not stop.requested()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert stop.requested() and stop.name == "SIGUSR1"
+    # Once stopping, a repeated signal must not kill the process while it exits: it is ignored from here on.
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_IGN
+    signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+
+
+def test_without_a_signal_the_previous_handlers_come_back():
+    with StopSignals(["SIGUSR1"]) as stop:
+        assert not stop.requested()
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
+
+
+def test_a_signal_during_start_up_ends_the_run_at_once_saying_nothing_was_trained():
+    with pytest.raises(Preempted, match="stopped by SIGTERM before training started; nothing was trained or saved"):
+        with stop_during_startup():
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):  # the handler raises at the next bytecode
+                pass
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+@pytest.mark.parametrize("signal_rank", [0, 1])
+def test_ranks_stop_after_the_same_step_one_step_after_the_signal(signal_rank):
+    """No per-step wait and no log cadence: the signal seen after step 3 on one rank stops every rank after 4."""
+    results = _launch_two(dist_helpers.step_at_which_ranks_stop, signal_rank, 3)
+    assert results == {0: 4, 1: 4}
