@@ -23,10 +23,11 @@ def check(config: RunConfig) -> None:
     problems += select_gpus(hardware.kind, config.gpu_ids, processes).problems
     problems += hardware_problems(hardware.kind, processes)
     problems += precision_problems(config.precision.kind, config.precision.fp8_emulation, device_type(hardware.kind))
-    problems += target_problems(
-        {key: getattr(config, key) for key in ("model", "optimizer", "scheduler", "data", "task")},
-        config.allowed_targets,
-    )
+    target_keys = ("model", "optimizer", "scheduler", "data", "task")
+    bad_targets = target_problems({key: getattr(config, key) for key in target_keys}, config.allowed_targets)
+    problems += bad_targets
+    if not any(problem.key.startswith("task") for problem in bad_targets):
+        problems += monitor_problems(config)
     if problems:
         raise ConfigError(problems)
 
@@ -40,11 +41,24 @@ def trainer_problems(config: RunConfig) -> list[Problem]:
         value = getattr(trainer, name)
         if value is not None and value <= 0:
             problems.append(Problem(f"trainer.{name}", f"is {value}; it must be positive, or null to turn it off"))
-    if not trainer.monitor.startswith(("val/", "train/")):
-        problems.append(
-            Problem("trainer.monitor", f"'{trainer.monitor}' is not a logged metric; use val/<name>, e.g. val/accuracy or val/loss")
-        )
     return problems
+
+
+TRAIN_METRICS = ("train/loss", "train/lr", "train/samples_per_s")
+
+
+def monitor_problems(config: RunConfig) -> list[Problem]:
+    """trainer.monitor must be a metric the run measures: one the task declares (val/<name>) or a training one."""
+    from runner.build import build_task
+
+    task = build_task(config.task)
+    measured = [f"val/{name}" for name in getattr(task, "metric_names", ())] + list(TRAIN_METRICS)
+    if config.trainer.max_grad_norm is not None:
+        measured.append("train/grad_norm")
+    if config.trainer.monitor in measured or not getattr(task, "metric_names", None):
+        return []
+    return [Problem("trainer.monitor", f"'{config.trainer.monitor}' is not measured by this run; "
+                                       f"{type(task).__name__} reports {', '.join(measured)}")]
 
 
 def launch_problems(config: RunConfig) -> list[Problem]:

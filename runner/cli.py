@@ -26,7 +26,8 @@ from runner.config import RunConfig, RunSpec, register_configs
 from runner.devices import apply_gpus, select_gpus
 from runner.dist import writes_run_dir
 from runner.errors import (
-    INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, ConfigError, Preempted, RunnerError, write_failure,
+    INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, ConfigError, Preempted, RunnerError, no_stray_tracebacks,
+    write_failure,
 )
 from runner.launch import launch, resolve_num_processes
 from runner.report import finished_result
@@ -48,11 +49,9 @@ CALLBACK_PREFIXES = ("runner.sweep.", "hydra.experimental.callbacks.")
 def main(argv: list[str] | None = None) -> None:
     from hydra._internal.utils import get_args_parser
 
-    # A log line that cannot be written (a full disk) must not print a traceback: the write that matters (a
-    # checkpoint, the metrics) reports the problem as one message.
-    logging.raiseExceptions = False
+    no_stray_tracebacks()
     parser = get_args_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # `k=v -cd DIR k=v` as well as options first
     if any(getattr(args, flag, None) for flag in NOT_A_RUN):
         return _hydra_entry(args, parser)
     _run(args, parser)
@@ -185,7 +184,7 @@ def run_task(cfg: DictConfig, run_dir: rundir.RunDir | None = None) -> float:
         final = launch(spec)
         value = monitored_value(final, spec.config.trainer.monitor)
     except RunnerError as err:
-        return _fail(err, run_dir, multirun)
+        return _fail(with_sources(err, cfg), run_dir, multirun)
     except Preempted as stop:
         run_dir.unlock()
         again = f"; continue with the same command plus resume=auto hydra.run.dir={run_dir.path}" if stop.step else ""
@@ -242,6 +241,29 @@ def _write_config(run_dir: Path, resolved: dict, resume_from: Path | None) -> No
         log.info("this run starts from the checkpoint %s", resume_from)
 
 
+def with_sources(err: RunnerError, cfg: DictConfig) -> RunnerError:
+    """A bad value that came through an interpolation (model.max_len: ${data.seq_len}) is named with the key the
+    user set, so the message points at what to change."""
+    if not isinstance(err, ConfigError):
+        return err
+    sources = interpolation_sources(OmegaConf.to_container(cfg, resolve=False))
+    problems = [replace(problem, key=f"{problem.key} (from {sources[problem.key]})") if problem.key in sources
+                else problem for problem in err.problems]
+    return ConfigError(problems) if problems != err.problems else err
+
+
+def interpolation_sources(node, prefix: str = "") -> dict[str, str]:
+    """{key: the key it copies} for every value that is exactly one `${other.key}` interpolation."""
+    found = {}
+    if isinstance(node, dict):
+        for name, value in node.items():
+            found.update(interpolation_sources(value, f"{prefix}{name}."))
+    elif isinstance(node, str) and node.startswith("${") and node.endswith("}") and node.count("${") == 1 \
+            and ":" not in node:
+        found[prefix.rstrip(".")] = node[2:-1]
+    return found
+
+
 def monitored_value(final: dict[str, float], monitor: str) -> float:
     if monitor not in final:
         raise ConfigError("trainer.monitor", f"'{monitor}' was not measured; the final metrics are {', '.join(final)}")
@@ -265,9 +287,13 @@ def _fail(err: RunnerError, run_dir: rundir.RunDir, multirun: bool) -> float:
     kept = f"; {rundir_summary(run_dir)}" if started else ""
     print(f"runner: error: {err}{kept}", file=sys.stderr)
     if multirun:  # a sweep keeps the job dir: its result.json records this error
+        from runner.sweep import SweepJobFailed
+
         run_dir.unlock()
-        raise err  # the sweeper records this job as failed and runs the others
-    if started or not run_dir.locked:  # only the process that owns the run dir tidies it
+        job = HydraConfig.get().job.num
+        # The sweeper records this job as failed and runs the others.
+        raise SweepJobFailed(f"job {job} failed (its error is above; sweep_report.md lists every job)") from err
+    if started:
         run_dir.unlock()
     else:
         run_dir.remove_what_this_run_created()

@@ -36,6 +36,12 @@ class MonitorMode(str, Enum):
     min = "min"
 
 
+class NonFinitePolicy(str, Enum):
+    stop = "stop"
+    skip = "skip"
+    ignore = "ignore"
+
+
 class StartMethod(str, Enum):
     spawn = "spawn"
     fork = "fork"
@@ -112,6 +118,10 @@ class TrainerConfig:
     """Show a console progress bar on the main process."""
     data_in_memory_mb: int = 4096
     """Splits up to this size are materialised as tensors once (fastest); larger ones stream Arrow batches."""
+    on_nonfinite: NonFinitePolicy = NonFinitePolicy.stop
+    """When the training loss becomes NaN or infinite: stop (at the next log step, keeping the last good
+    checkpoint, exit 1), skip (skip each optimizer step whose gradients are not finite; costs one host-device
+    sync per step), or ignore. Under fp16 the gradient scaler's own skipped steps never count."""
 
 
 @dataclass

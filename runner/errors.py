@@ -73,19 +73,40 @@ class NonFiniteLoss(RunnerError):
 DISK_FULL_ERRNOS = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
 
 
-def write_error(err: OSError, path: Path | str, what: str) -> WriteError:
-    """The one-line error for an OSError while writing `path` (`what`: e.g. "checkpoint step 40")."""
-    if err.errno in DISK_FULL_ERRNOS:
+ALMOST_FULL_BYTES = 2**20
+
+
+def write_error(err: Exception, path: Path | str, what: str) -> WriteError:
+    """The one-line error for a failed write of `path` (`what`: e.g. "checkpoint step 40"). Call it before
+    removing partial files: libraries that write through their own streams (torch.save, safetensors) raise a
+    RuntimeError on a full disk, so a disk left with almost no free space is taken for the cause."""
+    if getattr(err, "errno", None) in DISK_FULL_ERRNOS or _almost_full(Path(path)):
         return DiskFull(f"no space left on the disk holding {path} while writing {what}")
-    return WriteError(f"could not write {path} while writing {what}: {err.strerror or err}")
+    reason = getattr(err, "strerror", None) or str(err).strip().splitlines()[0]
+    return WriteError(f"could not write {path} while writing {what}: {reason}")
+
+
+def _almost_full(path: Path) -> bool:
+    import os
+
+    for candidate in (path, *path.parents):
+        try:
+            usage = os.statvfs(candidate)
+        except OSError:
+            continue
+        return usage.f_bavail * usage.f_frsize < ALMOST_FULL_BYTES
+    return False
 
 
 @contextmanager
 def write_failure(path: Path | str, what: str) -> Iterator[None]:
-    """Turn an OSError raised inside the block into a WriteError (DiskFull for ENOSPC/EDQUOT) naming the file."""
+    """Turn an error raised while writing inside the block into a WriteError (DiskFull when the disk is full)
+    naming the file."""
     try:
         yield
-    except OSError as err:
+    except RunnerError:
+        raise
+    except (OSError, RuntimeError) as err:
         raise write_error(err, path, what) from err
 
 
@@ -105,3 +126,20 @@ class Preempted(Exception):
             saved = f"saved {checkpoint}" if checkpoint else "checkpoints are off, nothing was saved"
             text = f"stopped by {signal_name} after optimizer step {step}; {saved}"
         super().__init__(text)
+
+
+def no_stray_tracebacks() -> None:
+    """A log line that cannot be written, or a library's background thread that dies (TensorBoard's writer on a
+    full disk), must not print a traceback: the write that matters raises the same problem from the main thread,
+    as one message. Process-wide: the CLI and each worker call it once at start."""
+    import logging
+    import threading
+
+    logging.raiseExceptions = False
+
+    def quietly(args) -> None:
+        name = args.thread.name if args.thread is not None else "?"
+        logging.getLogger("runner").debug("background thread %s stopped: %s: %s", name, args.exc_type.__name__,
+                                          args.exc_value)
+
+    threading.excepthook = quietly

@@ -6,14 +6,15 @@ The hot path does no host-device sync: losses add up on the device and are read 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from runner.config import TrainerConfig
+from runner.config import NonFinitePolicy, TrainerConfig
 from runner.dist import all_reduce_sum
-from runner.errors import Preempted
+from runner.errors import NonFiniteLoss, Preempted
 from runner.signals import NoStopSignals
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,10 @@ def planned_steps(settings: TrainerConfig, batches_per_epoch: int) -> tuple[int,
 
 def is_finished(step: int, epoch: int, total_steps: int, max_epochs: int) -> bool:
     return step >= total_steps or epoch >= max_epochs
+
+
+def parameters_are_finite(model: torch.nn.Module) -> bool:
+    return all(bool(torch.isfinite(parameter).all()) for parameter in model.parameters())
 
 
 def evaluate(accelerator, model, batches, task) -> dict[str, float]:
@@ -81,6 +86,9 @@ class Loop:
         self.last_saved: TrainState | None = None
         self.running_loss = torch.zeros((), device=accelerator.device)
         self.window_micro_batches = 0
+        self.skip_nonfinite = settings.on_nonfinite == NonFinitePolicy.skip
+        self.skipped_steps = 0
+        self.last_finite_loss: tuple[int, float] | None = None  # (step, train/loss) of the last finite log
 
     @property
     def finished(self) -> bool:
@@ -116,8 +124,11 @@ class Loop:
             if index >= self.steps_per_epoch * accumulate:
                 break  # the tail that cannot fill a whole accumulation cycle
             loss = self.micro_step(batch)
-            self.running_loss += loss.detach()
-            self.window_micro_batches += 1
+            # on_nonfinite=skip reads every loss (a sync per micro-batch); otherwise a NaN or inf propagates
+            # into the window's sum, which is read at the log step anyway.
+            if not self.skip_nonfinite or torch.isfinite(loss).item():
+                self.running_loss += loss.detach()
+                self.window_micro_batches += 1
             if not self.accelerator.sync_gradients:
                 continue
             grad_norm = self.optimizer_step()
@@ -156,21 +167,39 @@ class Loop:
         grad_norm = None
         if self.settings.max_grad_norm is not None:
             grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.settings.max_grad_norm)
+        if self.skip_nonfinite and not self.gradients_are_finite(grad_norm):
+            self.skipped_steps += 1  # the same decision on every rank: gradients are averaged across them
+            self.optimizer.zero_grad(set_to_none=True)
+            return grad_norm
         self.optimizer.step()
         if self.scheduler is not None:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm
 
+    def gradients_are_finite(self, grad_norm: torch.Tensor | None) -> bool:
+        if grad_norm is None:
+            grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), float("inf"))
+        return bool(torch.isfinite(grad_norm).item())
+
     def log_train(self, micro_batches: int, window_start: float, grad_norm) -> None:
         elapsed = max(time.perf_counter() - window_start, 1e-9)
+        total = all_reduce_sum(self.running_loss).item()
+        # Every micro-batch of the window skipped (on_nonfinite=skip): there is no loss to show.
+        loss = total / (micro_batches * self.accelerator.num_processes) if micro_batches else float("nan")
+        if not math.isfinite(loss):
+            self.nonfinite_loss(loss)
+        else:
+            self.last_finite_loss = (self.state.step, loss)
         metrics = {
-            "train/loss": all_reduce_sum(self.running_loss).item() / (micro_batches * self.accelerator.num_processes),
+            "train/loss": loss,
             "train/lr": self.optimizer.param_groups[0]["lr"],
             "train/samples_per_s": micro_batches * self.samples_per_micro_batch / elapsed,
         }
         if grad_norm is not None:
             metrics["train/grad_norm"] = float(grad_norm)
+        if self.skip_nonfinite:
+            metrics["train/skipped_steps"] = float(self.skipped_steps)
         self.log(metrics)
         self.progress.show({"loss": metrics["train/loss"], "samples/s": metrics["train/samples_per_s"]})
 
@@ -187,9 +216,29 @@ class Loop:
         self.step_metrics.update(metrics)
         self.logger.log(self.state.step, metrics)
 
+    def nonfinite_loss(self, value: float) -> None:
+        """The window's training loss is NaN or inf: stop before it reaches a checkpoint (on_nonfinite=stop)."""
+        if self.settings.on_nonfinite != NonFinitePolicy.stop:
+            return
+        if self.accelerator.scaler is not None and parameters_are_finite(self.model):
+            log.warning("step %d: a non-finite fp16 loss; the grad scaler skipped those steps", self.state.step)
+            return
+        last = ("no finite loss was logged before" if self.last_finite_loss is None
+                else "the last finite train/loss was %.4g at step %d" % self.last_finite_loss[::-1])
+        raise NonFiniteLoss(
+            f"trainer.on_nonfinite: the training loss became {value} by optimizer step {self.state.step} ({last}); "
+            "the run stopped before saving anything trained on it. Lower optimizer.lr, clip "
+            "gradients with trainer.max_grad_norm, or set trainer.on_nonfinite=skip to skip such steps"
+        )
+
     def save(self, final: bool = False) -> None:
         if self.last_saved == self.state:
             return  # nothing happened since: e.g. a stop signal right after a scheduled save
+        if self.settings.on_nonfinite == NonFinitePolicy.stop and self.checkpointer.enabled:
+            # A NaN since the last log must not become the newest checkpoint: look now (all ranks, one number).
+            window = all_reduce_sum(self.running_loss.detach().clone()).item()
+            if not math.isfinite(window):
+                self.nonfinite_loss(window)
         metrics = self.step_metrics if self.step_metrics.get("step") == self.state.step else {}
         path = self.checkpointer.save(
             self.accelerator.unwrap_model(self.model), self.state_dict(), asdict(self.state),

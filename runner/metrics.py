@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import json
 import math
+from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import yaml
+
+from runner.errors import WriteError, write_failure
 
 
 class MetricsLogger:
@@ -28,9 +31,13 @@ class MetricsLogger:
             self._writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"),
                                          purge_step=start_step + 1 if resumed else None)
         self._jsonl = None
+        self._run_dir = run_dir
+        self._failed = False  # a write failed (a full disk): close() then does what it can and says nothing
         if jsonl:
-            _drop_rows_after(run_dir / "metrics.jsonl", start_step)
-            self._jsonl = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
+            path = run_dir / "metrics.jsonl"
+            with write_failure(path, "metrics.jsonl"):
+                _drop_rows_after(path, start_step)
+                self._jsonl = open(path, "a", encoding="utf-8")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if self._writer:
@@ -39,10 +46,21 @@ class MetricsLogger:
             from tensorboard.compat.proto.summary_pb2 import Summary
 
             values = [Summary.Value(tag=name, simple_value=float(value)) for name, value in metrics.items()]
-            self._writer.file_writer.add_summary(Summary(value=values), step)
+            with self._writing("tensorboard", f"TensorBoard events at step {step}"):
+                self._writer.file_writer.add_summary(Summary(value=values), step)
         if self._jsonl:
-            self._jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
-            self._jsonl.flush()
+            with self._writing("metrics.jsonl", f"metrics.jsonl at step {step}"):
+                self._jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
+                self._jsonl.flush()
+
+    @contextmanager
+    def _writing(self, name: str, what: str) -> Iterator[None]:
+        try:
+            with write_failure(self._run_dir / name, what):
+                yield
+        except WriteError:
+            self._failed = True
+            raise
 
     def log_config(self, config: dict[str, Any]) -> None:
         """The resolved config as text (TensorBoard's Text tab), in YAML inside a code block."""
@@ -58,10 +76,18 @@ class MetricsLogger:
             self._writer.add_hparams(flatten_hparams(config), metrics, run_name=".")
 
     def close(self) -> None:
-        if self._writer:
-            self._writer.close()
-        if self._jsonl:
-            self._jsonl.close()
+        """Flush and close; after a failed write (the error already raised) only what still can be."""
+        failed_before = self._failed
+        try:
+            if self._writer:
+                with self._writing("tensorboard", "TensorBoard events"):
+                    self._writer.close()
+            if self._jsonl:
+                with self._writing("metrics.jsonl", "metrics.jsonl"):
+                    self._jsonl.close()
+        except WriteError:
+            if not failed_before:
+                raise
 
 
 class NullLogger:
@@ -90,11 +116,20 @@ def _drop_rows_after(path: Path, step: int) -> None:
     if not path.is_file():
         return
     lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= step]
+    kept = [line for line in lines if (row := read_row(line)) is not None and row.get("step", 0) <= step]
     if len(kept) != len(lines):
         partial = path.with_name(f".partial-{path.name}")
         partial.write_text("".join(kept), encoding="utf-8")
         partial.replace(path)
+
+
+def read_row(line: str) -> dict | None:
+    """One metrics.jsonl row, or None for a blank line or one cut short (the run was killed while writing it)."""
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    return row if isinstance(row, dict) else None
 
 
 def write_hparams_session(log_dir: Path, hparams: dict[str, Any], metrics: dict[str, float]) -> None:

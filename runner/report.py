@@ -25,7 +25,7 @@ from typing import Any, Iterator
 
 import yaml
 
-from runner.metrics import write_hparams_session
+from runner.metrics import read_row, write_hparams_session
 
 RESULT_FILE = "result.json"
 REPORT_CSV = "sweep_report.csv"
@@ -112,9 +112,9 @@ def read_metrics(path: Path, monitor: str, mode: str) -> tuple[dict[str, float],
     final: dict[str, float] = {}
     best_value, best_step, steps = None, None, None
     for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.strip():
+        row = read_row(line)
+        if row is None:
             continue
-        row = json.loads(line)
         step = row.pop("step", None)
         steps = step if steps is None or (step is not None and step > steps) else steps
         evaluation = {key: value for key, value in row.items() if key.startswith("val/")}
@@ -314,5 +314,9 @@ def _locked(path: Path) -> Iterator[None]:
 def _atomic_write(path: Path, text: str) -> None:
     """Write to a temporary name, then rename: a reader never sees half a file."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise

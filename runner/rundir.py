@@ -22,8 +22,8 @@ from pathlib import Path
 
 from runner.errors import ConfigError, RunnerError
 
-# What a runner run dir may hold before its config.yaml exists: Hydra's record and the logs of an attempt that
-# stopped early (a failed start, a SIGTERM during start-up).
+# What a runner run dir may hold before its config.yaml exists: Hydra's record, the lock of a run starting up,
+# and the logs of an attempt that stopped early (a failed start, a SIGTERM during start-up).
 EARLY_ENTRIES = (".hydra", ".runner.lock", ".runner.lock.holder")
 LOCK_FILE = ".runner.lock"
 HOLDER_FILE = ".runner.lock.holder"
@@ -55,9 +55,14 @@ class RunDir:
         return any((self.path / name).exists() for name in STARTED_MARKERS)
 
     def remove_what_this_run_created(self) -> None:
-        """After a failure before training: drop what this invocation wrote, never what was there before."""
+        """After a failure before training: drop what this invocation wrote, never what was there before. A
+        process that does not own the run dir (machine 1 of a shared dir) removes it only while no other run
+        has taken it (no lock file in it)."""
+        owner = self.locked
         self.unlock()
         if self.state is RunDirState.runner or not self.path.is_dir():
+            return
+        if not owner and (self.path / LOCK_FILE).exists():
             return
         if self.state is RunDirState.absent:
             shutil.rmtree(self.path, ignore_errors=True)
@@ -113,7 +118,7 @@ def is_runner_run_dir(path: Path) -> bool:
     names = {entry.name for entry in path.iterdir()}
     if ".hydra" in names and "config.yaml" in names:
         return True
-    return ".hydra" in names and all(name in EARLY_ENTRIES or _is_log(name) for name in names)
+    return all(name in EARLY_ENTRIES or _is_log(name) for name in names)
 
 
 def _is_log(name: str) -> bool:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.utils import JobReturn, JobStatus
+from hydra.errors import CompactHydraException
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
@@ -29,6 +30,16 @@ from runner.launch import started_by_external_launcher
 log = logging.getLogger("runner")
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+
+
+class SweepJobFailed(CompactHydraException):
+    """A sweep job's error, already printed as one paragraph when the job ended. Hydra re-raises the first failed
+    job's error after the last job; this kind it prints as its message alone, without a traceback."""
+
+
+def job_error(error: BaseException | None) -> BaseException | None:
+    """The error a job really ended with (what result.json and the report show)."""
+    return error.__cause__ if isinstance(error, SweepJobFailed) and error.__cause__ is not None else error
 
 
 class SweepReport(Callback):
@@ -79,7 +90,7 @@ class SweepReport(Callback):
             monitor=config.trainer.monitor,
             mode=_mode(config),
             returned=None if failed else job_return.return_value,
-            error=job_return._return_value if failed else None,  # .return_value re-raises a failed job's error
+            error=job_error(job_return._return_value) if failed else None,  # .return_value re-raises it
             wall_time_s=time.perf_counter() - self._started,
             started_at=self._started_at,
         )

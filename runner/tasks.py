@@ -10,11 +10,24 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from runner.errors import ConfigError
+
 Stats = dict[str, torch.Tensor]
+IGNORED_TARGET = -100  # F.cross_entropy's ignore_index: padding and masked positions
+# Constructor arguments that size a model's input and output, in the order they are looked for (error hints).
+INPUT_SIZE_KEYS = ("in_features", "input_size", "in_channels", "max_len", "vocab_size")
+OUTPUT_SIZE_KEYS = ("out_features", "num_classes", "num_labels", "vocab_size")
+
+
+def _first_key(node: dict, candidates: tuple[str, ...]) -> str | None:
+    return next((key for key in candidates if key in (node or {})), None)
 
 
 class Task:
     """Cross-entropy of model(batch[input_key]) against batch[target_key], with loss and accuracy metrics."""
+
+    metric_names: tuple[str, ...] = ("loss", "accuracy")
+    """What `summarize` returns: evaluation logs them as val/<name>, and trainer.monitor may name them."""
 
     def __init__(self, input_key: str, target_key: str):
         self.input_key = input_key
@@ -39,6 +52,29 @@ class Task:
             "correct": (logits.argmax(-1) == targets).sum(dtype=torch.float64),
             "count": torch.tensor(targets.numel(), device=targets.device, dtype=torch.float64),
         }
+
+    def check_fit(self, model: nn.Module, batch: dict[str, torch.Tensor], model_node: dict) -> None:
+        """One batch through the model before training: a model that cannot take the data, or fewer outputs than
+        the data has classes, fails here with the model key to change, not as a traceback at the first step."""
+        inputs = batch[self.input_key]
+        try:
+            with torch.no_grad():
+                logits, targets = self.flat_logits_and_targets(model, batch)
+        except (RuntimeError, IndexError, ValueError) as err:
+            key = _first_key(model_node, INPUT_SIZE_KEYS)
+            hint = f"; model.{key} is {model_node[key]}" if key else ""
+            raise ConfigError(f"model.{key}" if key else "model", (
+                f"the model cannot take the data's '{self.input_key}' column (a batch of shape {list(inputs.shape)}, "
+                f"{inputs.dtype}): {str(err).strip().splitlines()[0]}{hint}; make the model's input size match "
+                "the data")) from None
+        labels = targets[targets != IGNORED_TARGET]
+        classes = logits.shape[-1]
+        if labels.numel() and (int(labels.max()) >= classes or int(labels.min()) < 0):
+            key = _first_key(model_node, OUTPUT_SIZE_KEYS)
+            name = f"model.{key}" if key else "model"
+            raise ConfigError(name, (
+                f"is {classes}, but the data's '{self.target_key}' holds class {int(labels.max())} (classes are "
+                f"numbered from 0); set {name}={int(labels.max()) + 1} or more"))
 
     @staticmethod
     def summarize(stats: Stats) -> dict[str, float]:

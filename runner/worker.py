@@ -25,7 +25,7 @@ from runner.dist import (
     peer_store,
     threads_per_process,
 )
-from runner.errors import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, LaunchError, Preempted
+from runner.errors import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, LaunchError, Preempted, no_stray_tracebacks
 from runner.failures import FAILURE_ATTRIBUTE, PeerLost, mark_step, worker_failure
 from runner.peers import NoPeers, Peers
 from runner.loop import Loop, is_finished, planned_steps
@@ -115,6 +115,7 @@ def train(config: RunConfig, resolved: dict, run_dir: Path, accelerator: Acceler
     prepared_model, prepared_optimizer, train_batches, val_batches = accelerator.prepare(
         model, optimizer, train_batches, val_batches
     )
+    check_fit(task, accelerator, prepared_model, train_batches, config.model)
     _, total_steps = planned_steps(trainer, len(train_batches))
     scheduler = accelerator.prepare(build_scheduler(config.scheduler, optimizer, total_steps))
 
@@ -155,6 +156,21 @@ def train(config: RunConfig, resolved: dict, run_dir: Path, accelerator: Acceler
     return final
 
 
+def check_fit(task, accelerator: Accelerator, model, train_batches, model_node: dict) -> None:
+    """Before the first step, one batch through the model (on every rank, under the run's autocast): a model that
+    does not fit the data fails with the key to change (see Task.check_fit)."""
+    check = getattr(task, "check_fit", None)
+    if check is None:
+        return
+    module = accelerator.unwrap_model(model)
+    module.eval()
+    try:
+        with accelerator.autocast():
+            check(module, next(iter(train_batches)), model_node)
+    finally:
+        module.train()
+
+
 def _restore(resume_from: str, model, optimizer, scheduler, accelerator: Accelerator, resolved: dict) -> dict:
     """Load the checkpoint the parent chose into the built objects (RNG comes last, in `train`)."""
     restored = restore(Path(resume_from), model, optimizer, scheduler, accelerator.scaler, rank=accelerator.dist.rank,
@@ -170,7 +186,7 @@ def run_spawned(spec: RunSpec) -> dict[str, float]:
     and a failure re-raised as one readable report (rank, step, end of the traceback) for the parent to print."""
     dist = DistInfo.from_env()
     exit_with_parent()
-    logging.raiseExceptions = False  # a log line that cannot be written (a full disk) prints no traceback
+    no_stray_tracebacks()
     _log_to_rank_file(Path(spec.run_dir) / f"runner_rank{dist.rank}.log")
     try:
         return run(spec)

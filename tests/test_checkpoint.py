@@ -25,7 +25,7 @@ from runner.checkpoint import checkpointer as checkpointer_module
 from runner.checkpoint import files
 from runner.checkpoint.rng import capture_rng, restore_rng
 from runner.config import CheckpointConfig, MonitorMode
-from runner.errors import CheckpointError, ConfigError
+from runner.errors import CheckpointError, ConfigError, DiskFull, WriteError
 from runner.models import MLP
 from runner.signals import StopSignals
 
@@ -117,11 +117,11 @@ def test_disk_full_while_saving_keeps_the_previous_checkpoint_and_removes_partia
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(checkpointer_module.torch, "save", full_disk)
-    with pytest.raises(CheckpointError) as caught:
+    with pytest.raises(DiskFull) as caught:
         _save(checkpointer, model, optimizer, step=2)
-    message = str(caught.value)
-    assert "disk is full while writing" in message and "step_00000002" in message
-    assert "the previous checkpoint step_00000001 is intact" in message and "checkpoint.keep_last" in message
+    assert str(caught.value) == (
+        f"no space left on the disk holding {tmp_path / 'checkpoints' / 'step_00000002'} while writing checkpoint "
+        "step 2 (its partial files were removed; earlier checkpoints are untouched)")
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "step_00000001"]
     assert read_pointer(tmp_path / "checkpoints") == "step_00000001" and damage(previous) is None
 
@@ -136,7 +136,7 @@ def test_a_crash_at_any_stage_leaves_a_loadable_checkpoint(tmp_path, monkeypatch
         raise OSError(errno.EIO, "simulated crash")
 
     monkeypatch.setattr(files, crash_in, crash)
-    with pytest.raises(CheckpointError):
+    with pytest.raises(WriteError, match="simulated crash"):
         _save(checkpointer, model, optimizer, step=2)
     monkeypatch.undo()
     chosen = find_resume("auto", tmp_path)

@@ -87,7 +87,8 @@ def test_schema_keys_are_frozen():
     structured = OmegaConf.structured(RunConfig)
     assert sorted(structured.trainer.keys()) == sorted(
         ["max_epochs", "max_steps", "batch_size", "eval_batch_size", "eval_every_steps", "log_every_steps",
-         "grad_accum_steps", "max_grad_norm", "monitor", "monitor_mode", "progress_bar", "data_in_memory_mb"]
+         "grad_accum_steps", "max_grad_norm", "monitor", "monitor_mode", "progress_bar", "data_in_memory_mb",
+         "on_nonfinite"]
     )
     assert sorted(structured.hardware.keys()) == sorted(
         ["kind", "num_processes", "threads_per_process", "start_method", "num_machines", "machine_rank",

@@ -5,6 +5,7 @@ import torch
 
 from runner.accelerator import Accelerator
 from runner.config import TrainerConfig
+from runner.errors import NonFiniteLoss
 from runner.data.batches import TensorBatches
 from runner.loop import Loop, evaluate, planned_steps
 from runner.metrics import NullLogger, Progress
@@ -23,6 +24,8 @@ class RecordingLogger(NullLogger):
 class RecordingCheckpointer:
     """The interface the loop uses: cadence questions and save() with plain state dicts."""
 
+    enabled = True
+
     def __init__(self, every_epoch: bool = True):
         self.steps = []
         self.every_epoch = every_epoch
@@ -39,19 +42,72 @@ class RecordingCheckpointer:
         pass
 
 
-def _loop(settings: TrainerConfig, rows: int = 64, every_epoch: bool = True):
+def _loop(settings: TrainerConfig, rows: int = 64, every_epoch: bool = True, task=None, precision="fp32",
+          lr: float = 0.5):
     torch.manual_seed(0)
     features = torch.randn(rows, 4)
     data = {"features": features, "label": (features[:, 0] > 0).long()}
     model = MLP(4, 2, hidden=[16])
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    accelerator = Accelerator("cpu")
+    accelerator = Accelerator("cpu", precision=precision)
+    optimizer = accelerator.prepare(torch.optim.SGD(model.parameters(), lr=lr))
     train = TensorBatches(data, settings.batch_size, shuffle=True, seed=0)
     val = TensorBatches(data, 16, shuffle=False, seed=0)
     logger, checkpointer = RecordingLogger(), RecordingCheckpointer(every_epoch)
-    loop = Loop(accelerator, model, optimizer, None, train, val, Classification(), settings, logger,
+    loop = Loop(accelerator, model, optimizer, None, train, val, task or Classification(), settings, logger,
                 Progress(0, enabled=False), checkpointer)
     return loop, logger, checkpointer
+
+
+class LossBecomesInfinite(Classification):
+    """A task whose loss is inf from training step `at` on (1-based), as a diverging run's would be."""
+
+    def __init__(self, at: int):
+        super().__init__()
+        self.at, self.calls = at, 0
+
+    def training_loss(self, model, batch):
+        self.calls += 1
+        loss = super().training_loss(model, batch)
+        return loss * float("inf") if self.calls >= self.at else loss
+
+
+def test_a_non_finite_loss_stops_the_run_at_the_next_log_step_without_saving_it():
+    loop, logger, checkpointer = _loop(TrainerConfig(max_epochs=3, batch_size=16, log_every_steps=2),
+                                       task=LossBecomesInfinite(at=4), every_epoch=True)
+    with pytest.raises(NonFiniteLoss, match=r"the training loss became (inf|nan) by optimizer step 4 \(the last "
+                                            r"finite train/loss was [\d.]+ at step 2\)"):
+        loop.fit()
+    assert checkpointer.steps == []  # the epoch-end save (step 4) never saw the poisoned window
+    assert [step for step, row in logger.rows if "train/loss" in row] == [2]
+
+
+def test_on_nonfinite_skip_skips_each_bad_step_and_counts_it():
+    loop, logger, _ = _loop(TrainerConfig(max_epochs=1, batch_size=16, log_every_steps=4, on_nonfinite="skip"),
+                            task=LossBecomesInfinite(at=3))
+    before = [p.detach().clone() for p in loop.model.parameters()]
+    loop.fit()
+    (_, row), = [(step, row) for step, row in logger.rows if "train/loss" in row]
+    assert row["train/skipped_steps"] == 2.0 and row["train/loss"] > 0  # steps 3 and 4 of 4; the loss of 1 and 2
+    assert all(torch.isfinite(p).all() for p in loop.model.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(before, loop.model.parameters()))  # steps 1 and 2 happened
+
+
+def test_under_fp16_the_scaler_s_skipped_steps_are_not_an_error():
+    """An inf loss under fp16 gives inf gradients: the grad scaler skips the step, the weights stay finite."""
+
+    class OneInfiniteLoss(Classification):
+        calls = 0
+
+        def training_loss(self, model, batch):
+            OneInfiniteLoss.calls += 1
+            loss = super().training_loss(model, batch)
+            return loss * float("inf") if OneInfiniteLoss.calls == 2 else loss
+
+    loop, logger, _ = _loop(TrainerConfig(max_epochs=1, batch_size=16, log_every_steps=4), task=OneInfiniteLoss(),
+                            precision="fp16")
+    loop.fit()
+    assert all(torch.isfinite(p).all() for p in loop.model.parameters())
+    assert loop.state.step == 4
 
 
 def test_planned_steps():

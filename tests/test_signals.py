@@ -26,18 +26,20 @@ def test_stop_signals_record_the_configured_signal_only():
 
 
 def test_without_a_signal_the_previous_handlers_come_back():
+    before = signal.getsignal(signal.SIGUSR1)
     with StopSignals(["SIGUSR1"]) as stop:
         assert not stop.requested()
-    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
+    assert signal.getsignal(signal.SIGUSR1) is before
 
 
 def test_a_signal_during_start_up_ends_the_run_at_once_saying_nothing_was_trained():
+    before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(Preempted, match="stopped by SIGTERM before training started; nothing was trained or saved"):
         with stop_during_startup():
             os.kill(os.getpid(), signal.SIGTERM)
             for _ in range(1000):  # the handler raises at the next bytecode
                 pass
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 @pytest.mark.parametrize("signal_rank", [0, 1])

@@ -23,7 +23,7 @@ from runner.checkpoint import files
 from runner.checkpoint.rng import capture_rng, restore_rng
 from runner.config import CheckpointConfig, MonitorMode
 from runner.dist import all_gather_object, barrier
-from runner.errors import CheckpointError
+from runner.errors import CheckpointError, write_error
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,10 @@ class Checkpointer:
         """One that never saves: for a Loop run in-process without checkpoints."""
         return cls(Path("."), CheckpointConfig(enabled=False), writer=False, monitor="", monitor_mode=MonitorMode.max,
                    world_size=1, resolved={})
+
+    @property
+    def enabled(self) -> bool:
+        return self.settings.enabled
 
     @property
     def every_epoch(self) -> bool:
@@ -146,7 +150,8 @@ class Checkpointer:
                 self._export(path, about, best, final)
             self._apply_retention()
         except OSError as err:
-            raise CheckpointError(f"checkpoint: saved {path}, but exporting or pruning failed: {err}") from err
+            raise write_error(err, self.export_dir, f"the export of {path.name} (the checkpoint itself is "
+                                                    "complete)") from err
         return path
 
     def _export(self, path: Path, about: dict, best: bool, final: bool) -> None:
@@ -192,7 +197,13 @@ def restore(path: Path, model: nn.Module, optimizer=None, scheduler=None, scaler
         _warn_config_changes(path, resolved)
     _load_weights(path, model)
     # mmap: tensors are read from the (usually cached) file as load_state_dict copies them, not read twice.
-    state = torch.load(path / STATE_FILE, weights_only=True, map_location="cpu", mmap=True)
+    try:
+        state = torch.load(path / STATE_FILE, weights_only=True, map_location="cpu", mmap=True)
+    except Exception as err:  # weights_only refuses what is not plain data (pickled code); a garbled file fails too
+        raise CheckpointError(
+            f"resume: {path / STATE_FILE} cannot be loaded safely ({type(err).__name__}: "
+            f"{str(err).strip().splitlines()[0]}); it was altered after it was written, or not written by the runner. "
+            "Resume from another checkpoint (resume=<run dir>/checkpoints/step_N) or start a new run") from None
     for obj, key in ((optimizer, "optimizer"), (scheduler, "scheduler"), (scaler, "scaler")):
         if obj is not None and state.get(key) is not None:
             try:
@@ -207,7 +218,7 @@ def restore(path: Path, model: nn.Module, optimizer=None, scheduler=None, scaler
 def _load_weights(path: Path, model: nn.Module) -> None:
     try:
         missing, unexpected = load_model(model, str(path / MODEL_FILE), strict=False)
-    except RuntimeError as err:
+    except Exception as err:  # a shape mismatch (RuntimeError), or a file safetensors cannot parse
         first = str(err).strip().splitlines()
         raise CheckpointError(f"resume: the weights in {path} do not fit this model: "
                               f"{' '.join(line.strip() for line in first[:3])}") from err

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
-from runner.errors import CheckpointError
+from runner.errors import write_error
 
 MANIFEST = "manifest.json"
 LATEST = "latest"
@@ -49,8 +49,8 @@ def write_checkpoint(directory: Path, name: str, writers: dict[str, Callable[[Pa
 
 def write_files(directory: Path, name: str, writers: dict[str, Callable[[Path], None]]) -> None:
     """Each `writers[file](path)` writes one file into `.partial-<name>/`: the part that must finish before training
-    changes any tensor again. Any OSError (a full disk included) removes the partial directory and raises
-    CheckpointError; earlier checkpoints and `latest` are untouched."""
+    changes any tensor again. Any OSError (a full disk included) removes the partial directory and raises a
+    WriteError (DiskFull for ENOSPC/EDQUOT); earlier checkpoints and `latest` are untouched."""
     partial = directory / f"{PARTIAL_PREFIX}{name}"
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -58,9 +58,10 @@ def write_files(directory: Path, name: str, writers: dict[str, Callable[[Path], 
         partial.mkdir()
         for file_name, write in writers.items():
             write(partial / file_name)
-    except OSError as err:
+    except (OSError, RuntimeError) as err:  # torch.save and safetensors raise RuntimeError on a full disk
+        failure = _write_failure(directory / name, err)  # before the partial files free their space again
         shutil.rmtree(partial, ignore_errors=True)
-        raise CheckpointError(_write_failure(directory / name, err, directory)) from err
+        raise failure from err
 
 
 def seal(directory: Path, name: str, manifest: dict) -> Path:
@@ -77,8 +78,9 @@ def seal(directory: Path, name: str, manifest: dict) -> Path:
         fsync_path(directory)
         write_pointer(directory, name)
     except OSError as err:
+        failure = _write_failure(final, err)
         shutil.rmtree(partial, ignore_errors=True)
-        raise CheckpointError(_write_failure(final, err, directory)) from err
+        raise failure from err
     return final
 
 
@@ -114,21 +116,24 @@ def write_pointer(directory: Path, name: str) -> None:
 
 def _write_text_durably(path: Path, text: str, temporary: Path | None = None) -> None:
     temporary = temporary or path
-    with open(temporary, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    if temporary != path:
-        os.replace(temporary, path)
+    try:
+        with open(temporary, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if temporary != path:
+            os.replace(temporary, path)
+    except OSError:
+        if temporary != path:
+            temporary.unlink(missing_ok=True)
+        raise
 
 
-def _write_failure(final: Path, err: OSError, directory: Path) -> str:
-    previous = read_pointer(directory)
-    kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint was touched"
-    if err.errno == errno.ENOSPC:
-        return (f"checkpoint: the disk is full while writing {final} ({err.strerror}); the partial files were "
-                f"removed and {kept}. Free space, or keep fewer checkpoints with checkpoint.keep_last=K")
-    return f"checkpoint: could not write {final} ({err}); the partial files were removed and {kept}"
+def _write_failure(final: Path, err: Exception):
+    """The error for a checkpoint write that failed; its partial files are gone, earlier checkpoints untouched."""
+    failure = write_error(err, final, f"checkpoint step {int(final.name.split('_')[-1])}")
+    failure.args = (f"{failure} (its partial files were removed; earlier checkpoints are untouched)",)
+    return failure
 
 
 def block_digests(paths: list[Path]) -> dict[Path, list[str]]:
@@ -230,6 +235,10 @@ def remove_leftovers(directory: Path) -> list[Path]:
 def copy_durably(source: Path, target: Path) -> None:
     """Copy a file under a temporary name, fsync, and rename it into place (exports are replaced atomically)."""
     temporary = target.with_name(f"{PARTIAL_PREFIX}{target.name}")
-    shutil.copyfile(source, temporary)
-    fsync_path(temporary)
-    os.replace(temporary, target)
+    try:
+        shutil.copyfile(source, temporary)
+        fsync_path(temporary)
+        os.replace(temporary, target)
+    except OSError:
+        temporary.unlink(missing_ok=True)
+        raise

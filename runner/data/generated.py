@@ -34,10 +34,15 @@ def digit_sequences(
     """
     import datasets
 
-    from runner.errors import ConfigError
+    from runner.errors import ConfigError, Problem
 
+    problems = [Problem(f"data.{name}", f"is {value}; it must be {least} or more") for name, value, least in
+                (("num_train", num_train, 1), ("num_validation", num_validation, 1), ("seq_len", seq_len, 1),
+                 ("vocab_size", vocab_size, 2)) if value < least]
     if operation not in OPERATIONS:
-        raise ConfigError("data.operation", f"'{operation}' is not an operation; choose one of {', '.join(OPERATIONS)}")
+        problems.append(Problem("data.operation", f"'{operation}' is not an operation; choose one of {', '.join(OPERATIONS)}"))
+    if problems:
+        raise ConfigError(problems)
     features = datasets.Features(
         {
             "source": datasets.Sequence(datasets.Value("int64"), length=seq_len),

@@ -32,6 +32,7 @@ def local_files(
     Without a `validation` file, `validation_fraction` of the training rows is held out (seeded). Relative paths
     are taken from the directory the command was run in.
     """
+    check_fraction(validation_fraction)
     paths = {"train": train} if validation is None else {"train": train, "validation": validation}
     for split, path in paths.items():
         if not Path(path).expanduser().is_file():
@@ -48,15 +49,93 @@ def local_files(
     import datasets
 
     data_files = {split: str(Path(path).expanduser().resolve()) for split, path in paths.items()}
-    loaded = datasets.load_dataset(format, data_files=data_files)
+    try:
+        loaded = datasets.load_dataset(format, data_files=data_files)
+    except Exception as err:  # pandas / pyarrow / json parse errors: the file is not a table of this format
+        if _all_empty(data_files.values()):
+            raise DataError(f"data.train: {train} is empty; give a {format} file with a header and data rows") from None
+        if format == "csv" and all(_lines(path) <= 1 for path in data_files.values()):
+            raise DataError(f"data.train: {train} has a header and no data rows; give one row per sample") from None
+        raise DataError(f"data.train: cannot read {train} as {format}: {type(err).__name__}: "
+                        f"{str(err).strip().splitlines()[0] if str(err).strip() else ''}") from None
+    for split, dataset in loaded.items():
+        check_table(dataset, f"data.{split}", paths[split], label_column, feature_columns)
     if "validation" not in loaded:
         held_out = loaded["train"].train_test_split(test_size=validation_fraction, seed=seed)
         loaded = datasets.DatasetDict({"train": held_out["train"], "validation": held_out["test"]})
     return to_classification(loaded, label_column, feature_columns)
 
 
+def check_fraction(validation_fraction: float) -> None:
+    if not 0 < validation_fraction < 1:
+        raise ConfigError("data.validation_fraction", f"is {validation_fraction}; the share of rows held out for "
+                                                      "validation must be between 0 and 1 (e.g. 0.2)")
+
+
+def _lines(path: str) -> int:
+    with open(path, "rb") as handle:
+        return sum(1 for line in handle if line.strip())
+
+
+def _all_empty(paths) -> bool:
+    return all(Path(path).stat().st_size == 0 for path in paths)
+
+
+def check_table(dataset, key: str, source: str, label_column: str, feature_columns: Sequence[str] | None) -> None:
+    """What a classifier cannot train on, named by column and row before anything is built from it: no rows, a
+    non-numeric feature, an empty or NaN cell, a single class. Rows count data rows from 1 (the header aside)."""
+    import pyarrow.compute as pc
+
+    if len(dataset) == 0:
+        raise DataError(f"{key}: {source} has no data rows (a header at most); give a table with one row per sample")
+    if label_column not in dataset.column_names:
+        return  # to_classification names the key and lists the columns
+    for column in _feature_columns(dataset.column_names, label_column, feature_columns):
+        if column not in dataset.column_names:
+            continue
+        values = dataset.data.column(column)
+        if values.null_count:
+            row = pc.index(pc.is_null(values), True).as_py() + 1
+            raise DataError(f"{key}: {source}, column '{column}', row {row} is empty or NaN; fill or drop such "
+                            "rows, or leave the column out with data.feature_columns")
+        if not _is_numeric(dataset.features[column]):
+            bad = next(value for value in values.to_pylist() if not _parses_as_number(value))
+            row = values.to_pylist().index(bad) + 1
+            raise DataError(f"{key}: {source}, column '{column}' is not numeric (row {row} holds {bad!r}); features must "
+                            "be numbers: list the numeric columns in data.feature_columns, or encode this one as numbers")
+        nans = pc.is_nan(values.cast("float64"))
+        if pc.any(nans).as_py():
+            row = pc.index(nans, True).as_py() + 1
+            raise DataError(f"{key}: {source}, column '{column}', row {row} is NaN; fill or drop such rows")
+    labels = dataset.data.column(label_column)
+    if labels.null_count:
+        row = pc.index(pc.is_null(labels), True).as_py() + 1
+        raise DataError(f"{key}: {source}, label column '{label_column}', row {row} is empty; every row needs a label")
+    if key == "data.train" and len(pc.unique(labels)) < 2:
+        raise ConfigError("data.label_column", f"'{label_column}' holds a single class ({labels[0].as_py()!r}) in "
+                                               f"{source}; a classifier needs rows of at least two classes")
+
+
+def _feature_columns(columns: Sequence[str], label_column: str, feature_columns: Sequence[str] | None) -> list[str]:
+    return list(feature_columns) if feature_columns else [c for c in columns if c != label_column]
+
+
+def _is_numeric(feature) -> bool:
+    return getattr(feature, "dtype", "") in ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
+                                             "uint64", "float16", "float32", "float64")
+
+
+def _parses_as_number(value) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 def sklearn_digits(validation_fraction: float = 0.2, seed: int = 0):
     """scikit-learn's bundled copy of the UCI handwritten digits (1,797 8x8 images, 10 classes): no download."""
+    check_fraction(validation_fraction)
     try:
         from sklearn.datasets import load_digits
     except ImportError as err:
@@ -96,6 +175,7 @@ def hub(
     Offline without HF_HUB_OFFLINE, `datasets` retries for a minute or more; we probe the Hub first and fail in
     seconds with what to do instead.
     """
+    check_fraction(validation_fraction)
     if os.environ.get("HF_HUB_OFFLINE", "0") in ("0", "", "false", "False") and not os.environ.get("HF_DATASETS_OFFLINE"):
         _require_hub_reachable(name, probe_timeout_s)
     import datasets
@@ -104,6 +184,7 @@ def hub(
         loaded = datasets.load_dataset(name, config_name)
     except Exception as err:  # datasets raises many types here (offline, missing, auth); all mean "cannot load"
         raise DataError(f"data.name: could not load Hub dataset '{name}': {err}") from err
+    check_table(loaded[train_split], "data.name", f"'{name}' ({train_split})", label_column, feature_columns)
     splits: dict[str, Any] = {"train": loaded[train_split]}
     if validation_split in loaded:
         splits["validation"] = loaded[validation_split]
@@ -136,7 +217,7 @@ def to_classification(splits, label_column: str, feature_columns: Sequence[str] 
             "data.label_column",
             f"'{label_column}' is not a column of the data; columns are {', '.join(train.column_names)}",
         )
-    columns = list(feature_columns) if feature_columns else [c for c in train.column_names if c != label_column]
+    columns = _feature_columns(train.column_names, label_column, feature_columns)
     missing = [c for c in columns if c not in train.column_names]
     if missing:
         raise ConfigError(

@@ -3,6 +3,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from runner.errors import ConfigError, Problem
+
+
+def _divisors(number: int) -> str:
+    return ", ".join(str(d) for d in range(1, number + 1) if number % d == 0)
+
 
 class SeqTransformer(nn.Module):
     """A token-to-token Transformer encoder: embeds a sequence, encodes it, predicts one token per position.
@@ -21,6 +27,16 @@ class SeqTransformer(nn.Module):
         dropout: float = 0.0,
     ):
         super().__init__()
+        problems = [Problem(f"model.{name}", f"is {value}; it must be 1 or more") for name, value in
+                    (("vocab_size", vocab_size), ("max_len", max_len), ("d_model", d_model), ("nhead", nhead),
+                     ("num_layers", num_layers), ("dim_feedforward", dim_feedforward)) if value < 1]
+        if not problems and d_model % nhead:
+            problems.append(Problem("model.nhead", f"is {nhead}, which does not divide model.d_model={d_model} (each "
+                                    f"head gets d_model / nhead features); use one of {_divisors(d_model)}"))
+        if not 0 <= dropout < 1:
+            problems.append(Problem("model.dropout", f"is {dropout}; it must be in [0, 1)"))
+        if problems:
+            raise ConfigError(problems)
         self.embed = nn.Embedding(vocab_size, d_model)
         self.position = nn.Parameter(torch.randn(max_len, d_model) * 0.02)
         layer = nn.TransformerEncoderLayer(

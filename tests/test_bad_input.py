@@ -1,0 +1,213 @@
+"""Bad input, catalogued: each case ends in one `runner: error:` paragraph that names the key to change, exit code 1,
+no traceback, and every file that was there before is byte-identical and nothing is left behind.
+
+The cases run `runner.cli.main` in this process (composition, checks and building fail in well under a second
+each); a few run the real command in a subprocess for the exit code and the console as a user sees them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import TINY, run_cli
+
+from runner.cli import main
+
+NOTEBOOK = "analysis.ipynb"  # a user's own file next to where they run the command
+
+
+def _csv(rows: list[str]) -> str:
+    return "\n".join(rows) + "\n"
+
+
+# Tables the data cases read, written into the working directory before each case (so they are "the user's").
+TABLES = {
+    "empty.csv": "",
+    "header.csv": "a,b,label\n",
+    "words.csv": _csv(["a,b,label", "1,2,x", "3,red,y", "4,5,x"]),
+    "hole.csv": _csv(["a,b,label", "1,2,x", "3,,y", "4,5,x"]),
+    "one_class.csv": _csv(["a,b,label", "1,2,x", "3,4,x", "5,6,x"]),
+    "six_classes.csv": _csv(["a,b,label"] + [f"{i},{i * 2},{i % 6}" for i in range(36)]),
+    "good.csv": _csv(["a,b,c,d,label"] + [f"{i},{i % 3},{i % 5},{i % 7},{['p', 'q', 'r'][i % 3]}" for i in range(30)]),
+}
+TABULAR = ("recipe=tabular_csv",)
+BAD_RECIPE = "# @package _global_\ntrainer:\n  max_steps: [1\n"
+
+# (id, command-line arguments, the key (or override) the message must name, a phrase it must contain)
+CASES = [
+    # Composition: Hydra and the typed schema.
+    ("unknown recipe", ["recipe=revers"], "recipe", "Available options in 'recipe'"),
+    ("unknown group option", ["precision=fp17"], "precision/fp17", "bf16"),
+    ("misspelled key", ["trainer.max_step=3"], "trainer.max_step", "not in 'TrainerConfig'"),
+    ("bad enum value", ["hardware.kind=gpus"], "hardware.kind", "cpu, gpu, multi_gpu, multi_cpu, tpu, auto"),
+    ("wrong type", ["trainer.max_steps=abc"], "trainer.max_steps", "could not be converted to Integer"),
+    ("bad on_nonfinite", ["trainer.on_nonfinite=panic"], "trainer.on_nonfinite", "stop, skip, ignore"),
+    ("override that does not parse", ["trainer.batch_size=[1"], "'trainer.batch_size=[1'", "does not parse"),
+    ("a sweep without -m", ["optimizer.lr=1e-3,3e-4"], "optimizer.lr", "--multirun"),
+    ("interpolation to a missing key", ["optimizer.lr=${nope}"], "optimizer.lr", "'nope' not found"),
+    ("required value left unset", [*TABULAR], "data.train", "is required and has no value"),
+    ("yaml syntax error in a recipe", ["-cd", "myconf", "recipe=broken"], "broken.yaml", "line 3"),
+    ("config dir that does not exist", ["-cd", "no_such_dir"], "--config-dir", "is not a folder"),
+    # Cross-field checks.
+    ("batch size 0", ["trainer.batch_size=0"], "trainer.batch_size", "is 0; it must be 1 or more"),
+    ("no epochs", ["trainer.max_epochs=0"], "trainer.max_epochs", "it must be 1 or more"),
+    ("log cadence 0", ["trainer.log_every_steps=0"], "trainer.log_every_steps", "it must be 1 or more"),
+    ("accumulation 0", ["trainer.grad_accum_steps=0"], "trainer.grad_accum_steps", "it must be 1 or more"),
+    ("negative step budget", ["trainer.max_steps=-4"], "trainer.max_steps", "it must be positive"),
+    ("negative clipping", ["trainer.max_grad_norm=-1"], "trainer.max_grad_norm", "it must be positive"),
+    ("monitor never measured", ["trainer.monitor=val/acc"], "trainer.monitor", "reports val/loss, val/accuracy"),
+    ("keep_last 0", ["checkpoint.keep_last=0"], "checkpoint.keep_last", "it must be 1 or more"),
+    ("keep_best without checkpoints", ["checkpoint.keep_best=2", "checkpoint.enabled=false"], "checkpoint.keep_best",
+     "needs checkpoint.enabled=true"),
+    ("two processes on hardware=cpu", ["hardware.num_processes=2"], "hardware", "use hardware=multi_cpu"),
+    ("no processes", ["hardware=multi_cpu", "hardware.num_processes=0"], "hardware.num_processes", "1 or more"),
+    ("machine rank out of range", ["hardware=multi_cpu", "hardware.num_machines=2", "hardware.machine_rank=2",
+                                   "hardware.main_process_ip=10.0.0.1", "hardware.main_process_port=29500"],
+     "hardware.machine_rank", "0 .. num_machines-1"),
+    ("several machines without an address", ["hardware=multi_cpu", "hardware.num_machines=2"],
+     "hardware.main_process_ip", "machine 0's address"),
+    ("gpu_ids that do not parse", ["gpu_ids=[a]"], "gpu_ids", "list of GPU indices"),
+    ("fp8 without a GPU", ["precision=fp8"], "precision.fp8_emulation", "compute capability >= 8.9"),
+    ("resume from nowhere", ["resume=/no/such/run"], "resume", "neither a checkpoint nor a directory"),
+    # Targets.
+    ("missing target", ["~model._target_"], "model._target_", "is missing"),
+    ("unimportable target", ["model._target_=runner.models.Transformr"], "model._target_", "no attribute 'Transformr'"),
+    ("target outside the allow-list", ["model._target_=numpy.load"], "model._target_", "allowed_targets"),
+    ("code-running target under an allowed prefix", ["model._target_=torch.utils.collect_env.run"],
+     "model._target_", "runs arbitrary code"),
+    ("nested target", ["+model.block={_target_: os.system, command: id}"], "model.block._target_", "runs arbitrary"),
+    ("torch.load without weights_only", ["+model.block={_target_: torch.load, f: x.pt}"], "model.block._target_",
+     "weights_only: true"),
+    ("trust_remote_code", ["+model.block={_target_: torch.nn.Linear, trust_remote_code: true}"],
+     "model.block.trust_remote_code", "runs code downloaded"),
+    ("hydra callback target", ["+hydra.callbacks.evil._target_=torch.utils.collect_env.run"],
+     "hydra.callbacks.evil._target_", "runs arbitrary code"),
+    # Building: the library's refusal, with the key the user set.
+    ("unknown constructor argument", ["+model.widht=3"], "model.widht", "is not an argument of runner.models"),
+    ("negative learning rate", ["optimizer.lr=-1"], "optimizer.lr", "Invalid learning rate"),
+    ("negative weight decay", ["optimizer.weight_decay=-0.1"], "optimizer.weight_decay", "Invalid weight_decay"),
+    ("heads that do not divide the width", ["model.nhead=5"], "model.nhead", "does not divide model.d_model=64"),
+    ("zero-length sequences", ["data.seq_len=0"], "(from data.seq_len)", "is 0; it must be 1 or more"),
+    ("a one-digit vocabulary", ["data.vocab_size=1"], "data.vocab_size", "it must be 2 or more"),
+    ("unknown operation", ["data.operation=shuffle"], "data.operation", "reverse, sort"),
+    ("validation fraction above 1", ["recipe=digits_mlp", "data.validation_fraction=1.5"],
+     "data.validation_fraction", "between 0 and 1"),
+    # Data: the user's table.
+    ("missing data file", [*TABULAR, "data.train=nope.csv"], "data.train", "no such file 'nope.csv'"),
+    ("empty csv", [*TABULAR, "data.train=empty.csv"], "data.train", "empty.csv is empty"),
+    ("header-only csv", [*TABULAR, "data.train=header.csv"], "data.train", "has a header and no data rows"),
+    ("non-numeric feature", [*TABULAR, "data.train=words.csv"], "column 'b'", "row 2 holds 'red'"),
+    ("empty cell", [*TABULAR, "data.train=hole.csv"], "column 'b', row 2", "is empty or NaN"),
+    ("a single class", [*TABULAR, "data.train=one_class.csv"], "data.label_column", "a single class ('x')"),
+    ("unknown label column", [*TABULAR, "data.train=good.csv", "data.label_column=species"], "data.label_column",
+     "columns are a, b, c, d, label"),
+    ("unknown feature column", [*TABULAR, "data.train=good.csv", "data.feature_columns=[a,z]"],
+     "data.feature_columns", "z not in the data"),
+    ("more classes than outputs", [*TABULAR, "data.train=six_classes.csv", "model.in_features=2"],
+     "model.out_features", "set model.out_features=6 or more"),
+    ("features that do not fit the model", [*TABULAR, "data.train=good.csv", "model.in_features=3"],
+     "model.in_features", "model.in_features is 3"),
+    # The run dir.
+    ("run dir holding the user's files", ["hydra.run.dir=."], "hydra.run.dir", "already holds files that are not"),
+    ("run dir that is a file", [f"hydra.run.dir={NOTEBOOK}"], "hydra.run.dir", "is a file, not a folder"),
+    ("run dir that cannot be created", ["hydra.run.dir=/proc/runner-cannot-be-here"], "hydra.run.dir",
+     "cannot create the run dir"),
+]
+
+
+def _snapshot(folder: Path) -> dict[str, str]:
+    return {str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+@pytest.fixture
+def user_folder(tmp_path, monkeypatch):
+    """A working directory holding the user's own files (a notebook, their tables, their broken recipe)."""
+    (tmp_path / NOTEBOOK).write_text('{"cells": []}\n')
+    for name, text in TABLES.items():
+        (tmp_path / name).write_text(text)
+    (tmp_path / "myconf" / "recipe").mkdir(parents=True)
+    (tmp_path / "myconf" / "recipe" / "broken.yaml").write_text(BAD_RECIPE)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_the_catalogue_covers_every_kind_of_bad_input():
+    assert len(CASES) >= 40 and len({case[0] for case in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("name, arguments, key, phrase", CASES, ids=[case[0] for case in CASES])
+def test_bad_input_names_the_key_and_leaves_every_file_as_it_was(user_folder, capsys, name, arguments, key, phrase):
+    before = _snapshot(user_folder)
+    with pytest.raises(SystemExit) as exit_info:
+        main([*TINY_FOR(arguments), *arguments])  # the case last: it wins
+    captured = capsys.readouterr()
+    output = captured.out + captured.err
+    assert exit_info.value.code == 1, output
+    assert "runner: error:" in captured.err, output
+    assert key in captured.err and phrase in captured.err, captured.err
+    assert "Traceback" not in output
+    assert _snapshot(user_folder) == before  # nothing the user had changed, nothing new (no outputs/ files)
+    assert not (user_folder / "outputs").exists() or not any((user_folder / "outputs").rglob("*"))
+
+
+def TINY_FOR(arguments: list[str]) -> tuple[str, ...]:
+    """Small data for the default recipe, so the cases that get as far as building do it in a blink."""
+    if any(argument.startswith(("recipe=", "-cd", "data.seq_len", "data.vocab_size")) for argument in arguments):
+        return ("trainer.progress_bar=false",)
+    return TINY
+
+
+def test_an_existing_empty_folder_is_kept_when_the_run_fails(user_folder, capsys):
+    (user_folder / "experiments").mkdir()
+    with pytest.raises(SystemExit):
+        main(["hydra.run.dir=experiments", "trainer.batch_size=0"])
+    assert "trainer.batch_size: is 0" in capsys.readouterr().err
+    assert (user_folder / "experiments").is_dir() and not any((user_folder / "experiments").iterdir())
+
+
+def test_a_failure_before_training_in_a_new_nested_run_dir_removes_exactly_the_folders_it_made(user_folder):
+    (user_folder / "projects").mkdir()
+    (user_folder / "projects" / "README.md").write_text("mine\n")
+    with pytest.raises(SystemExit):
+        main(["hydra.run.dir=projects/exp/run1", "trainer.batch_size=0"])
+    assert sorted(path.name for path in (user_folder / "projects").iterdir()) == ["README.md"]
+
+
+def test_a_second_run_into_a_busy_run_dir_is_refused_naming_the_holder(user_folder, capsys):
+    from runner.rundir import inspect
+
+    holder = inspect(user_folder / "busy")
+    holder.lock()  # what a run in progress holds for its lifetime
+    try:
+        code = subprocess.run([sys.executable, "-m", "runner", "hydra.run.dir=busy", *TINY], capture_output=True,
+                              text=True, cwd=user_folder, timeout=120)
+    finally:
+        holder.unlock()
+    assert code.returncode == 1, code.stderr
+    assert f"the run dir {user_folder / 'busy'} is in use by another run (pid {os.getpid()} on" in code.stderr
+    assert "Traceback" not in code.stdout + code.stderr
+    assert not (user_folder / "busy" / ".hydra").exists()  # refused before Hydra wrote its record into it
+
+
+def test_a_data_error_in_a_subprocess_exits_1_with_one_paragraph_and_no_run_dir(user_folder):
+    result = run_cli("recipe=tabular_csv", "data.train=words.csv", cwd=user_folder)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith("runner: error: data.train: words.csv, column 'b' is "
+                                                             "not numeric (row 2 holds 'red')")
+    assert "Traceback" not in result.output and not (user_folder / "outputs").exists()
+
+
+def test_a_data_error_on_two_processes_is_one_paragraph_naming_the_key(user_folder):
+    result = run_cli("recipe=tabular_csv", "data.train=six_classes.csv", "model.in_features=2", "hardware=multi_cpu",
+                     "hardware.start_method=fork", "trainer.progress_bar=false", cwd=user_folder)
+    assert result.returncode == 1, result.output
+    assert "runner: error: bad config: model.out_features: is 3, but the data's 'label' holds class 5" in result.stderr
+    assert "(rank 0, before the first optimizer step)" in result.stderr
+    assert "Traceback" not in result.output
