@@ -114,9 +114,10 @@ PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL (sysexits.h): "try again later", i.e. re
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 
 
-class Preempted(Exception):
+class Preempted(BaseException):
     """A stop signal arrived; the run finished its optimizer step, saved, and exits with PREEMPTED_EXIT_CODE.
-    Not a RunnerError: nothing is wrong, and the CLI reports it as a stop, not a failure."""
+    Not an error: like KeyboardInterrupt it is a BaseException, so no `except Exception` on its way up (a library's,
+    a data loader's) mistakes it for a failure."""
 
     def __init__(self, signal_name: str, step: int | None, checkpoint):
         self.signal_name, self.step, self.checkpoint = signal_name, step, checkpoint

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import logging
 import os
 import random
@@ -19,7 +20,7 @@ import yaml
 from safetensors.torch import load_file
 
 from runner.checkpoint import (
-    MODEL_FILE, STATE_FILE, Checkpointer, complete_checkpoints, damage, find_resume, read_pointer, restore,
+    MANIFEST, MODEL_FILE, STATE_FILE, Checkpointer, complete_checkpoints, damage, find_resume, read_pointer, restore,
 )
 from runner.checkpoint import checkpointer as checkpointer_module
 from runner.checkpoint import files
@@ -27,7 +28,6 @@ from runner.checkpoint.rng import capture_rng, restore_rng
 from runner.config import CheckpointConfig, MonitorMode
 from runner.errors import CheckpointError, ConfigError, DiskFull, WriteError
 from runner.models import MLP
-from runner.signals import StopSignals
 
 RESOLVED = {"model": {"_target_": "runner.models.MLP", "in_features": 4, "out_features": 3, "hidden": [8]},
             "seed": 0, "resume": None}
@@ -317,3 +317,25 @@ def test_sealing_runs_in_the_background_and_the_checkpoint_appears_only_when_sea
     release.set()
     checkpointer.wait()
     assert damage(path) is None and read_pointer(tmp_path / "checkpoints") == path.name
+
+
+class NotPlainData:
+    """Stands for whatever an attacker pickles: a class weights_only=True does not allow."""
+
+
+def test_a_resealed_checkpoint_holding_pickled_objects_is_refused_with_a_message(tmp_path):
+    """Someone rewrote state.pt and recomputed the manifest's hashes: verification passes, loading must not run
+    (or even build) the pickled object, and says so without a traceback."""
+    model, optimizer = _objects()
+    checkpointer = _checkpointer(tmp_path)
+    path = _save(checkpointer, model, optimizer, step=1)
+    torch.save({"loop": NotPlainData()}, path / STATE_FILE)
+    manifest = files.read_manifest(path)
+    digests = files.block_digests([path / name for name in manifest["files"]])
+    manifest["files"] = {name: {"size": (path / name).stat().st_size, "sha256": digests[path / name]}
+                         for name in manifest["files"]}
+    (path / MANIFEST).write_text(json.dumps(manifest))
+    assert damage(path) is None  # resealed: the hashes match
+    with pytest.raises(CheckpointError, match=r"state.pt cannot be loaded safely \(UnpicklingError: .*altered after "
+                                              r"it was written"):
+        restore(path, _objects()[0], world_size=1)

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+
 from runner.config import PrecisionKind
 from runner.metrics import MetricsLogger, NullLogger, flatten_hparams, make_logger
 from conftest import read_jsonl, read_scalars
@@ -62,3 +64,40 @@ def test_all_scalars_of_a_step_are_read_back(tmp_path):
     assert read_scalars(tmp_path, "val/accuracy") == [(2, 0.75)]
     assert read_jsonl(tmp_path / "metrics.jsonl")[1] == {"step": 2, "train/loss": 1.5, "train/lr": 0.002,
                                                          "train/samples_per_s": 650.0}
+
+
+def test_a_metrics_file_cut_short_by_a_kill_is_read_and_resumed_without_error(tmp_path):
+    """kill -9 while a row was being written leaves half a line: resuming drops it, the report skips it."""
+    from runner.metrics import MetricsLogger
+    from runner.report import read_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 10, "train/loss": 1.5}\n{"step": 20, "val/accuracy": 0.5}\n{"step": 30, "train/lo')
+    assert read_metrics(path, "val/accuracy", "max")[:2] == ({"val/accuracy": 0.5}, 0.5)
+    logger = MetricsLogger(tmp_path, tensorboard=False, jsonl=True, start_step=20)
+    logger.log(30, {"train/loss": 1.0})
+    logger.close()
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [10, 20, 30]
+
+
+def test_a_full_disk_while_logging_is_one_disk_full_error_naming_the_file(tmp_path):
+    import errno
+
+    import pytest
+
+    from runner.errors import DiskFull
+    from runner.metrics import MetricsLogger
+
+    class FullDisk:
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        flush = close = lambda self: None
+
+    logger = MetricsLogger(tmp_path, tensorboard=False, jsonl=True)
+    logger._jsonl.close()
+    logger._jsonl = FullDisk()
+    with pytest.raises(DiskFull, match=rf"no space left on the disk holding {tmp_path / 'metrics.jsonl'} while "
+                                       r"writing metrics.jsonl at step 7"):
+        logger.log(7, {"train/loss": 1.0})
+    logger.close()  # after the error: closes what it can, raises nothing more

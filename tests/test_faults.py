@@ -1,0 +1,174 @@
+"""Faults, end to end, as a user meets them: a full disk, stop signals and Ctrl-C, a rank that fails or hangs, a
+launcher killed while a rank hangs. Each ends with a true exit code, one message and nothing half-written.
+
+Several processes run on 2 gloo CPU workers started with fork (fast); the full disk is a size-limited tmpfs,
+which root can mount on these machines.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, read_jsonl, run_cli
+from runner.checkpoint import complete_checkpoints, damage, read_pointer
+
+FORK = ("hardware=multi_cpu", "hardware.start_method=fork")
+SMALL = ("data.num_train=512", "data.num_validation=64", "trainer.batch_size=32", "trainer.progress_bar=false")
+HELPERS_ENV = {"PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+FAULTY = ("model._target_=dist_helpers.FaultySeqTransformer", "allowed_targets=[runner.,torch.,dist_helpers.]")
+# A long, slow run (0.1 s a forward pass): there is time to signal it while it trains.
+SLOW = (*SMALL, *FAULTY, "data.num_train=4096", "+model.sleep_s=0.1", "trainer.log_every_steps=1")
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A 2 MB file system: room for the run's first checkpoint, not its second."""
+    mount = tmp_path / "small_disk"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({made.stderr.decode().strip()}); tests/test_checkpoint.py injects "
+                    "ENOSPC instead")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+@pytest.mark.parametrize("hardware", [(), FORK], ids=["1 process", "2 processes"])
+def test_a_full_disk_stops_with_one_message_keeps_the_last_checkpoint_and_resume_continues(tmp_path, tmpfs,
+                                                                                           hardware):
+    (tmpfs / "filler").write_bytes(b"\0" * 400 * 1024)  # the user's other files on that disk
+    run_dir = tmpfs / "run"
+    steps = (*SMALL, "checkpoint.every_n_steps=4", "trainer.max_steps=12", f"hydra.run.dir={run_dir}", *hardware)
+    full = run_cli(*steps, cwd=tmp_path)
+    assert full.returncode == 1, full.output
+    assert "Traceback" not in full.output
+    message = [line for line in full.stderr.splitlines() if line.startswith("runner: error:")]
+    assert len(message) == 1 and message[0].startswith(f"runner: error: no space left on the disk holding {run_dir / 'checkpoints'}"
+                                 "/step_00000008 while writing checkpoint step 8"), full.stderr
+    assert "the last complete checkpoint is step 4" in full.stderr and "resume=auto" in full.stderr
+    assert not [path for path in run_dir.rglob("*") if path.name.startswith(".partial-")]
+    assert read_pointer(run_dir / "checkpoints") == "step_00000004"
+    assert damage(run_dir / "checkpoints" / "step_00000004") is None
+
+    subprocess.run(["mount", "-o", "remount,size=16m", str(tmpfs)], check=True)  # space freed
+    resumed = run_cli(*steps, "resume=auto", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.output
+    assert "resumed from" in resumed.output and "step 4" in resumed.output
+    assert [step for step in (m["step"] for _, m in complete_checkpoints(run_dir / "checkpoints"))] == [4, 8, 12]
+    train_rows = [row["step"] for row in read_jsonl(run_dir / "metrics.jsonl") if "train/loss" in row]
+    assert train_rows == [12]  # the recipe logs every 25 steps and at the end: once, though two invocations ran
+
+
+def _start(cwd: Path, *overrides: str) -> subprocess.Popen:
+    """The CLI in its own session (so the test can signal the whole group, as a terminal's Ctrl-C does)."""
+    return subprocess.Popen([sys.executable, "-m", "runner", *overrides, "hydra.run.dir=run"], cwd=cwd,
+                            env={**os.environ, **HELPERS_ENV, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _wait_for_training(run_dir: Path, proc: subprocess.Popen, steps: int = 2, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rows = read_jsonl(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else []
+        if sum("train/loss" in row for row in rows) >= steps:
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    raise AssertionError("training never started")
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 60) -> tuple[int, str, str, float]:
+    started = time.monotonic()
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err, time.monotonic() - started
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+def test_a_stop_signal_to_the_launcher_stops_every_rank_at_once_and_exit_75_means_it_saved(tmp_path, sig):
+    proc = _start(tmp_path, *FORK, *SLOW)
+    _wait_for_training(tmp_path / "run", proc)
+    proc.send_signal(sig)
+    code, out, err, _ = _finish(proc)
+    assert code == 75, err
+    line = err.strip().splitlines()[-1]
+    step = int(re.search(rf"runner: stopped by {sig.name} after optimizer step (\d+); saved ", line).group(1))
+    saved = tmp_path / "run" / "checkpoints" / f"step_{step:08d}"
+    assert f"saved {saved}" in line and damage(saved) is None  # it says what it really wrote
+    assert read_pointer(tmp_path / "run" / "checkpoints") == saved.name
+    logged = max(row["step"] for row in read_jsonl(tmp_path / "run" / "metrics.jsonl"))
+    assert step <= logged + 2  # within a step or two of the signal, not at some later cadence
+    assert "Traceback" not in out + err
+
+
+def test_a_second_sigterm_while_stopping_still_seals_and_exits_75(tmp_path):
+    proc = _start(tmp_path, *FORK, *SLOW)
+    _wait_for_training(tmp_path / "run", proc)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGTERM)  # the scheduler's second notice, to every process of the job
+    code, _, err, _ = _finish(proc)
+    assert code == 75, err
+    assert damage(tmp_path / "run" / "checkpoints" / read_pointer(tmp_path / "run" / "checkpoints")) is None
+
+
+def test_ctrl_c_prints_one_line_and_ends_every_process_within_seconds(tmp_path):
+    proc = _start(tmp_path, *FORK, *SLOW)
+    _wait_for_training(tmp_path / "run", proc)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal sends to the whole foreground group
+    code, out, err, seconds = _finish(proc)
+    assert code == 130, err
+    assert err.strip().splitlines()[-1].startswith("runner: interrupted (Ctrl-C); ")
+    assert "Traceback" not in out + err and "KeyboardInterrupt" not in out + err
+    assert seconds < 20  # bounded: the launcher gives the workers 3 s, then kills them
+
+
+def test_a_sigterm_during_start_up_exits_75_saying_nothing_was_trained(tmp_path):
+    proc = _start(tmp_path, *SMALL, "data.num_train=200000")  # generating the data takes a few seconds
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "run" / "config.yaml").is_file() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    code, out, err, _ = _finish(proc)
+    assert code == 75, err
+    assert "runner: stopped by SIGTERM before training started; nothing was trained or saved" in err
+    assert "Traceback" not in out + err
+
+
+def test_a_hung_rank_is_named_as_the_hung_rank_within_the_timeout(tmp_path):
+    result = run_cli(*FORK, *SMALL, *FAULTY, "+model.hang_rank=1", "+model.hang_at_forward=3",
+                     "hardware.timeout_s=6", cwd=tmp_path, env=HELPERS_ENV, timeout=120)
+    assert result.returncode == 1, result.output
+    assert re.search(r"runner: error: rank 1 hung: it made no progress for \d+ s \(at optimizer step 2\); rank 0 "
+                     r"gave up waiting for it after hardware.timeout_s=6 s", result.stderr), result.stderr
+    assert "runner_rank1.log" in result.stderr and "Traceback" not in result.output
+
+
+def test_killing_the_launcher_while_a_rank_hangs_leaves_no_worker_behind(tmp_path):
+    proc = _start(tmp_path, *FORK, *SMALL, *FAULTY, "+model.hang_rank=1", "+model.hang_at_forward=3")
+    deadline, pids = time.monotonic() + 120, []
+    while time.monotonic() < deadline and len(pids) < 2:
+        logs = [path.read_text() for path in (tmp_path / "run").glob("runner_rank*.log")]
+        pids = [int(m.group(1)) for text in logs for m in [re.search(r"pid (\d+)", text)] if m]
+        time.sleep(0.1)
+    time.sleep(2)  # rank 1 is in its hang, rank 0 waits for it in a collective
+    proc.kill()
+    proc.communicate()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+        time.sleep(0.1)
+    assert len(pids) == 2 and not any(_alive(pid) for pid in pids)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError):
+        return False
