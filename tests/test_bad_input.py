@@ -74,6 +74,7 @@ CASES = [
      "hardware.main_process_ip", "machine 0's address"),
     ("gpu_ids that do not parse", ["gpu_ids=[a]"], "gpu_ids", "list of GPU indices"),
     ("fp8 without a GPU", ["precision=fp8"], "precision.fp8_emulation", "compute capability >= 8.9"),
+    ("a GPU run without CUDA", ["hardware=gpu"], "hardware", "gpu needs a CUDA GPU"),
     ("resume from nowhere", ["resume=/no/such/run"], "resume", "neither a checkpoint nor a directory"),
     # Targets.
     ("missing target", ["~model._target_"], "model._target_", "is missing"),
@@ -142,7 +143,13 @@ def test_the_catalogue_covers_every_kind_of_bad_input():
     assert len(CASES) >= 40 and len({case[0] for case in CASES}) == len(CASES)
 
 
-@pytest.mark.parametrize("name, arguments, key, phrase", CASES, ids=[case[0] for case in CASES])
+NEEDS_NO_CUDA = {"fp8 without a GPU", "a GPU run without CUDA"}  # their message is the one a CPU-only machine gives
+
+
+@pytest.mark.parametrize("name, arguments, key, phrase", [
+    pytest.param(*case, marks=pytest.mark.skipif(case[0] in NEEDS_NO_CUDA and __import__("torch").cuda.is_available(),
+                                                 reason="asserts the message of a machine without CUDA"))
+    for case in CASES], ids=[case[0] for case in CASES])
 def test_bad_input_names_the_key_and_leaves_every_file_as_it_was(user_folder, capsys, name, arguments, key, phrase):
     before = _snapshot(user_folder)
     with pytest.raises(SystemExit) as exit_info:
@@ -162,6 +169,15 @@ def TINY_FOR(arguments: list[str]) -> tuple[str, ...]:
     if any(argument.startswith(("recipe=", "-cd", "data.seq_len", "data.vocab_size")) for argument in arguments):
         return ("trainer.progress_bar=false",)
     return TINY
+
+
+def test_every_problem_is_reported_at_once(user_folder, capsys):
+    with pytest.raises(SystemExit):
+        main([*TINY, "trainer.batch_size=0", "trainer.log_every_steps=0", "model._target_=runner.Nope"])
+    err = capsys.readouterr().err
+    assert "bad config (3 problems):" in err
+    for text in ("trainer.batch_size: is 0", "trainer.log_every_steps: is 0", "model._target_: cannot import"):
+        assert text in err
 
 
 def test_an_existing_empty_folder_is_kept_when_the_run_fails(user_folder, capsys):
