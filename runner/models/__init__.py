@@ -2,6 +2,10 @@
 
 from runner.models.gpt import GPT
 from runner.models.mlp import MLP
+from runner.models.pretrained import from_pretrained
+from runner.models.resnet import ImagePreprocess, ResNet
 from runner.models.seq_transformer import SeqTransformer
+from runner.models.text_classifier import TextClassifier
 
-__all__ = ["GPT", "MLP", "SeqTransformer"]
+__all__ = ["GPT", "MLP", "SeqTransformer", "from_pretrained", "ImagePreprocess", "ResNet",
+           "TextClassifier"]
