@@ -55,6 +55,8 @@ def monitor_problems(config: RunConfig) -> list[Problem]:
     measured = [f"val/{name}" for name in getattr(task, "metric_names", ())] + list(TRAIN_METRICS)
     if config.trainer.max_grad_norm is not None:
         measured.append("train/grad_norm")
+    if getattr(task, "tokens_per_sample", None):
+        measured.append("train/tokens_per_s")
     if config.trainer.monitor in measured or not getattr(task, "metric_names", None):
         return []
     return [Problem("trainer.monitor", f"'{config.trainer.monitor}' is not measured by this run; "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -192,8 +193,8 @@ class RunConfig:
 
 def register_configs() -> None:
     """Register the schema so `conf/config.yaml` can list `runner_schema` first in its defaults, and the
-    resolvers: `runner_direction` (the search configs optimize in the direction of `trainer.monitor_mode`) and the
-    two that give all torchrun ranks one run dir and each its own Hydra log file."""
+    resolvers: `runner_direction` (the search configs optimize in the direction of `trainer.monitor_mode`), the
+    two that give all torchrun ranks one run dir and each its own Hydra log file, and `runner.in_run_dir`."""
     ConfigStore.instance().store(name="runner_schema", node=RunConfig)
     if not OmegaConf.has_resolver("runner_direction"):
         OmegaConf.register_new_resolver("runner_direction", optuna_direction)
@@ -201,6 +202,8 @@ def register_configs() -> None:
         OmegaConf.register_new_resolver("runner.rank_suffix", _rank_suffix)
     if not OmegaConf.has_resolver("runner.launcher_run_id"):
         OmegaConf.register_new_resolver("runner.launcher_run_id", _launcher_run_id)
+    if not OmegaConf.has_resolver("runner.in_run_dir"):
+        OmegaConf.register_new_resolver("runner.in_run_dir", _in_run_dir)
 
 
 def optuna_direction(mode: MonitorMode | str) -> str:
@@ -213,6 +216,18 @@ def _launcher_run_id(default: str) -> str:
     from runner.dist import external_run_id
 
     return external_run_id() or default
+
+
+def _in_run_dir(name: str) -> Optional[str]:
+    """`${runner.in_run_dir:tokenizer}` -> "<this run's dir>/tokenizer" (where a data factory saves what the run
+    needs later, e.g. its trained tokenizer); None where no Hydra run is going on (a config composed in a test)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        output_dir = HydraConfig.get().runtime.output_dir
+    except Exception:  # HydraConfig not set, or runtime.output_dir missing: not inside a run
+        return None
+    return str(Path(output_dir).resolve() / name)
 
 
 def _rank_suffix() -> str:

@@ -80,6 +80,8 @@ class Loop:
         self.stop = stop or NoStopSignals()
         self.steps_per_epoch, self.total_steps = planned_steps(settings, len(train_batches))
         self.samples_per_micro_batch = settings.batch_size * accelerator.num_processes
+        # Read once: a task whose samples have a fixed length in tokens (language models) gets tokens/s logged.
+        self.tokens_per_sample = getattr(task, "tokens_per_sample", None)
         self.state = TrainState()
         self.last_eval_step, self.last_metrics = -1, {}
         self.step_metrics: dict[str, float] = {}  # everything logged at the current step (for keep-best)
@@ -196,6 +198,8 @@ class Loop:
             "train/lr": self.optimizer.param_groups[0]["lr"],
             "train/samples_per_s": micro_batches * self.samples_per_micro_batch / elapsed,
         }
+        if self.tokens_per_sample:
+            metrics["train/tokens_per_s"] = metrics["train/samples_per_s"] * self.tokens_per_sample
         if grad_norm is not None:
             metrics["train/grad_norm"] = float(grad_norm)
         if self.skip_nonfinite:

@@ -6,6 +6,8 @@ batches and processes exactly and reads them back once per evaluation, not once 
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -28,6 +30,8 @@ class Task:
 
     metric_names: tuple[str, ...] = ("loss", "accuracy")
     """What `summarize` returns: evaluation logs them as val/<name>, and trainer.monitor may name them."""
+    tokens_per_sample: int | None = None
+    """Tokens in one sample, when that is fixed: the loop then logs train/tokens_per_s next to samples/s."""
 
     def __init__(self, input_key: str, target_key: str):
         self.input_key = input_key
@@ -45,13 +49,7 @@ class Task:
         return F.cross_entropy(logits if logits.dtype == torch.float32 else logits.float(), targets)
 
     def evaluation_stats(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> Stats:
-        logits, targets = self.flat_logits_and_targets(model, batch)
-        losses = F.cross_entropy(logits.float(), targets, reduction="none")
-        return {
-            "loss_sum": losses.sum(dtype=torch.float64),
-            "correct": (logits.argmax(-1) == targets).sum(dtype=torch.float64),
-            "count": torch.tensor(targets.numel(), device=targets.device, dtype=torch.float64),
-        }
+        return cross_entropy_stats(*self.flat_logits_and_targets(model, batch))
 
     def check_fit(self, model: nn.Module, batch: dict[str, torch.Tensor], model_node: dict) -> None:
         """One batch through the model before training: a model that cannot take the data, or fewer outputs than
@@ -83,10 +81,21 @@ class Task:
 
 
 class Classification(Task):
-    """One class per sample: logits of shape (batch, classes)."""
+    """One class per sample: logits of shape (batch, classes). Adds macro-F1: the F1 of each class, averaged over the
+    classes that occur among the targets or the predictions (scikit-learn's f1_score(average="macro"))."""
+
+    metric_names = ("loss", "accuracy", "macro_f1")
 
     def __init__(self, input_key: str = "features", target_key: str = "label"):
         super().__init__(input_key, target_key)
+
+    def evaluation_stats(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> Stats:
+        logits, targets = self.flat_logits_and_targets(model, batch)
+        return {**cross_entropy_stats(logits, targets), **class_counts(logits, targets)}
+
+    @staticmethod
+    def summarize(stats: Stats) -> dict[str, float]:
+        return {**Task.summarize(stats), "macro_f1": macro_f1(stats)}
 
 
 class SequenceToSequence(Task):
@@ -94,3 +103,46 @@ class SequenceToSequence(Task):
 
     def __init__(self, input_key: str = "source", target_key: str = "target"):
         super().__init__(input_key, target_key)
+
+
+class LanguageModeling(Task):
+    """Next-token prediction: logits (batch, length, vocab) against `labels`, the inputs shifted by one (what
+    runner.data.text_files yields). Reports loss (nats per token), token accuracy and perplexity = exp(loss)."""
+
+    metric_names = ("loss", "accuracy", "perplexity")
+
+    def __init__(self, input_key: str = "input_ids", target_key: str = "labels", tokens_per_sample: int | None = None):
+        super().__init__(input_key, target_key)
+        self.tokens_per_sample = tokens_per_sample
+
+    @staticmethod
+    def summarize(stats: Stats) -> dict[str, float]:
+        summary = Task.summarize(stats)
+        return {**summary, "perplexity": math.exp(min(summary["loss"], 700.0))}  # exp(>709) overflows a float
+
+
+def cross_entropy_stats(logits: torch.Tensor, targets: torch.Tensor) -> Stats:
+    """Summed loss, correct predictions and count over the targets that are not ignore_index (-100)."""
+    losses = F.cross_entropy(logits.float(), targets, reduction="none")  # 0 where the target is ignored
+    counted = targets != IGNORED_TARGET
+    return {
+        "loss_sum": losses.sum(dtype=torch.float64),
+        "correct": ((logits.argmax(-1) == targets) & counted).sum(dtype=torch.float64),
+        "count": counted.sum(dtype=torch.float64),
+    }
+
+
+def class_counts(logits: torch.Tensor, targets: torch.Tensor) -> Stats:
+    """Per class: true positives, predictions and targets, as sums (they add up exactly over batches and ranks)."""
+    classes, predicted = logits.shape[-1], logits.argmax(-1)
+    return {
+        "class_true_positives": torch.bincount(targets[predicted == targets], minlength=classes).to(torch.float64),
+        "class_predicted": torch.bincount(predicted, minlength=classes).to(torch.float64),
+        "class_actual": torch.bincount(targets, minlength=classes).to(torch.float64),
+    }
+
+
+def macro_f1(stats: Stats) -> float:
+    both = stats["class_predicted"] + stats["class_actual"]  # 2TP + FP + FN per class
+    present = both > 0
+    return (2 * stats["class_true_positives"][present] / both[present]).mean().item()

@@ -68,10 +68,34 @@ def test_every_recipe_composes_and_runs_two_steps(cli, tmp_path, recipe):
         table = tmp_path / "iris_like.csv"
         table.write_text(_three_class_csv(rows=90))
         extra = (f"data.train={table}", "data.label_column=species")
+    if recipe in ("gpt", "gpt2_hf"):
+        if recipe == "gpt2_hf":
+            pytest.importorskip("transformers")
+        text = tmp_path / "text.txt"
+        text.write_text("the cat sat on the mat.\n" * 300)
+        extra = (f"data.train={text}", "data.block_size=16", "trainer.eval_batch_size=64")
+    if recipe == "image_folder":
+        extra = (f"data.train={_png_folder(tmp_path / 'images')}", "data.image_size=8", "model.num_classes=2",
+                 "trainer.batch_size=8")
+    if recipe == "text_classification":
+        table = tmp_path / "texts.csv"
+        table.write_text("text,label\n" + "".join(f"good fine great {i},pos\nbad awful poor {i},neg\n" for i in range(40)))
+        extra = (f"data.train={table}", "model.num_classes=2", "data.tokenizer.vocab_size=300")
     result = cli(f"recipe={recipe}", "trainer.max_steps=2", "trainer.progress_bar=false", *extra)
     assert result.returncode == 0, result.output
     (step, _), = read_scalars(result.run_dir(), "val/accuracy")
     assert step == 2
+
+
+def _png_folder(root):
+    """Two classes of 12x10 PNGs: dark and bright."""
+    from PIL import Image
+
+    for label, value in (("dark", 20), ("bright", 230)):
+        (root / label).mkdir(parents=True)
+        for index in range(12):
+            Image.new("RGB", (12, 10), (value, value - index, value)).save(root / label / f"{index}.png")
+    return root
 
 
 def _three_class_csv(rows: int) -> str:

@@ -163,4 +163,4 @@ def test_clipping_logs_the_grad_norm():
 def test_evaluate_restores_training_mode():
     loop, _, _ = _loop(TrainerConfig())
     metrics = evaluate(loop.accelerator, loop.model, loop.val_batches, loop.task)
-    assert set(metrics) == {"val/loss", "val/accuracy"} and loop.model.training
+    assert set(metrics) == {"val/loss", "val/accuracy", "val/macro_f1"} and loop.model.training

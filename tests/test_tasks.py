@@ -63,3 +63,34 @@ def test_low_precision_logits_give_a_float32_loss():
     logits, labels = torch.randn(3, 4).to(torch.bfloat16), torch.tensor([0, 1, 2])
     loss = Classification().training_loss(lambda x: x, {"features": logits, "label": labels})
     assert loss.dtype == torch.float32
+
+
+def test_macro_f1_matches_scikit_learn_and_sums_over_batches():
+    from sklearn.metrics import f1_score
+
+    torch.manual_seed(1)
+    logits, labels = torch.randn(50, 4), torch.randint(0, 4, (50,))
+    task = Classification()
+    parts = [task.evaluation_stats(lambda x: x, {"features": logits[s], "label": labels[s]})
+             for s in (slice(0, 20), slice(20, 50))]
+    summary = task.summarize({k: parts[0][k] + parts[1][k] for k in parts[0]})
+    assert summary["macro_f1"] == pytest.approx(f1_score(labels, logits.argmax(-1), average="macro"))
+    assert set(summary) == set(Classification.metric_names)
+
+
+def test_huggingface_tasks_use_the_models_own_loss():
+    transformers = pytest.importorskip("transformers")
+    from runner.hf_tasks import HuggingFaceCausalLM
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=20, n_positions=8, n_embd=16, n_layer=1, n_head=2,
+                                     bos_token_id=None, eos_token_id=None)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    ids = torch.randint(0, 20, (3, 8))
+    mask = torch.ones_like(ids)
+    mask[0, 5:] = 0  # padding is never a target
+    task, batch = HuggingFaceCausalLM(), {"input_ids": ids, "attention_mask": mask}
+    loss = task.training_loss(model, batch)
+    stats = task.evaluation_stats(model, batch)
+    assert stats["count"].item() == 3 * 7 - 3
+    assert task.summarize(stats)["loss"] == pytest.approx(loss.item(), rel=1e-5)

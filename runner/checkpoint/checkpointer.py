@@ -20,6 +20,7 @@ from safetensors.torch import load_model, save_model
 from torch import nn
 
 from runner.checkpoint import files
+from runner.checkpoint.hf_export import export_pretrained
 from runner.checkpoint.rng import capture_rng, restore_rng
 from runner.config import CheckpointConfig, MonitorMode
 from runner.dist import all_gather_object, barrier
@@ -99,6 +100,8 @@ class Checkpointer:
             improved = self._track_best(position["step"], metrics.get(self.monitor))
             state = {**state, "per_rank": per_rank, "checkpointer": self.state_dict()}
             path = self._write(model, state, position, metrics, improved, final)
+            if final and self.settings.export:  # transformers models also get export/hf/ (save_pretrained layout)
+                export_pretrained(model, self.export_dir)
         barrier()
         # Every rank knows where rank 0 wrote (resuming assumes a file system all ranks share).
         self.last_path = self.directory / files.checkpoint_name(position["step"])

@@ -129,6 +129,8 @@ def _ragged_message(name: str) -> str:
 
 def make_batches(dataset, batch_size: int, shuffle: bool, seed: int, in_memory_limit_mb: int, drop_last=False):
     """The fastest batch source that fits: tensors in memory when the split is small enough, else Arrow."""
+    if hasattr(dataset, "make_batches"):  # a split with its own batch source: token streams, text padded per batch
+        return dataset.make_batches(batch_size, shuffle, seed, in_memory_limit_mb, drop_last)
     if dataset.data.nbytes <= in_memory_limit_mb * 2**20:
         columns = dataset.with_format("torch")[:]
         for name, column in columns.items():

@@ -1,0 +1,50 @@
+"""Loading `transformers` objects by Hub name: from the local cache when it has them, else from the Hub, and
+offline a failure in seconds that names the model and the cache to fill (instead of minutes of retries)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from urllib.parse import urlparse
+
+from runner.errors import ConfigError
+
+
+def load_pretrained(loader: str, name: str, key: str, **kwargs):
+    """`transformers.<loader>.from_pretrained(name, **kwargs)`; `key` is the config key that named it."""
+    transformers = import_transformers(key)
+    cls = getattr(transformers, loader)
+    try:
+        return cls.from_pretrained(name, local_files_only=True, **kwargs)  # a local dir, or already cached
+    except (OSError, ValueError):
+        pass
+    from huggingface_hub import constants
+
+    reason = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else hub_unreachable()
+    if reason:
+        raise ConfigError(
+            key,
+            f"'{name}' is not a local directory and not in the Hugging Face cache ({constants.HF_HUB_CACHE}), and "
+            f"the Hub cannot be used ({reason}). Fill the cache on a machine that is online (`hf download {name}`) "
+            f"and copy it here (or set HF_HUB_CACHE to it), or give the path of a directory holding its files",
+        )
+    return cls.from_pretrained(name, **kwargs)
+
+
+def import_transformers(key: str):
+    try:
+        import transformers
+    except ImportError as err:
+        raise ConfigError(key, "needs HuggingFace transformers: pip install -e '.[transformers]'") from err
+    return transformers
+
+
+def hub_unreachable(timeout_s: float = 3.0) -> str | None:
+    """Why the Hub's host cannot be reached (one TCP connect, `timeout_s` at most), or None when it can."""
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    host, port = endpoint.hostname or "huggingface.co", endpoint.port or 443
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as err:
+        return f"{host}:{port}: {err}"
+    return None
