@@ -50,14 +50,20 @@ def recipe_config(corpus: str, steps: int, seed: int, overrides: tuple = ()):
 
 
 def runner_arm(corpus: str, steps: int, seed: int, run_dir: Path) -> dict:
+    from dataclasses import replace
+
     from runner.accelerator import Accelerator
     from runner.build import build_data
+    from runner.devices import resolve_hardware
+    from runner.plan import batch_plan
     from runner.worker import train
 
     spec = recipe_config(corpus, steps, seed)
     build_data(spec.config.data)  # tokenise (or read the cache) before the clock starts
+    spec = replace(spec, run_dir=str(run_dir), hardware=resolve_hardware(spec.config.hardware),
+                   batch=batch_plan(spec.config.trainer, processes=1))
     started = time.perf_counter()
-    final = train(spec.config, spec.resolved, run_dir, Accelerator("cpu", "fp32"))
+    final = train(spec, Accelerator("cpu", "fp32", gradient_accumulation_steps=spec.batch.accumulation))
     return {"wall": time.perf_counter() - started, "val_loss": final["val/loss"]}
 
 

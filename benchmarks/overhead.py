@@ -161,39 +161,32 @@ def to_splits(data):
 
 
 def runner_fit(workload: Workload, steps: int, splits, run_dir: Path) -> dict[str, float]:
-    """Seconds for runner.loop.Loop.fit() on the same work, set up the way runner/worker.py's train() sets it up."""
+    """Seconds for the runner's own loop on the same work, wired by runner.wiring exactly as a run wires it."""
     from runner.accelerator import Accelerator
-    from runner.checkpoint import Checkpointer
-    from runner.config import TrainerConfig
-    from runner.data.batches import make_batches
-    from runner.loop import Loop, planned_steps
-    from runner.metrics import Progress, make_logger
-    from runner.tasks import Classification
+    from runner.config import RunConfig, TrainerConfig
+    from runner.plan import batch_plan
+    from runner.wiring import build_parts, make_loop
 
     # Schema defaults (log every 10 steps, ...) except: one evaluation, at the end, like the plain arm.
-    trainer = TrainerConfig(max_epochs=10**6, max_steps=steps, batch_size=workload.batch_size,
-                            eval_every_steps=steps, progress_bar=False)
-    accelerator = Accelerator("cpu", "fp32")
-    model = make_model(workload)
-    optimizer = make_optimizer(model)
-    train_batches = make_batches(splits["train"], trainer.batch_size, True, 0, trainer.data_in_memory_mb)
-    val_batches = make_batches(splits["validation"], trainer.batch_size, False, 0, trainer.data_in_memory_mb)
-    model, optimizer, train_batches, val_batches = accelerator.prepare(model, optimizer, train_batches, val_batches)
-    _, total_steps = planned_steps(trainer, len(train_batches))
-    run_dir.mkdir(parents=True, exist_ok=True)
-    logger = make_logger(run_dir, True, tensorboard=True, jsonl=True)
-    loop = Loop(
-        accelerator, model, optimizer, None, train_batches, val_batches, Classification(), trainer,
-        logger=logger,
-        progress=Progress(total_steps, enabled=trainer.progress_bar),
-        checkpointer=Checkpointer.disabled(),
+    config = RunConfig(
+        model={"_target_": "runner.models.MLP", "in_features": workload.in_features,
+               "out_features": workload.classes, "hidden": list(workload.hidden)},
+        optimizer={"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-3, "weight_decay": 0.01},
+        task={"_target_": "runner.tasks.Classification"},
+        trainer=TrainerConfig(max_epochs=10**6, max_steps=steps, batch_size=workload.batch_size,
+                              eval_every_steps=steps, progress_bar=False),
     )
-    logger.log_config({"benchmark": workload.name})
+    run_dir.mkdir(parents=True, exist_ok=True)
+    accelerator = Accelerator("cpu", "fp32")
+    batch = batch_plan(config.trainer, processes=1)
+    parts = build_parts(config, batch, accelerator, splits=splits)
+    loop = make_loop(parts, config, batch, accelerator, run_dir, checkpoints=False)
+    loop.logger.log_config({"benchmark": workload.name})
     clock = Clock()
     final = loop.fit()
     elapsed = clock.read()
-    logger.log_hparams({"benchmark": workload.name}, final)
-    logger.close()
+    loop.logger.log_hparams({"benchmark": workload.name}, final)
+    loop.logger.close()
     assert 0 <= final["val/accuracy"] <= 1
     return elapsed
 

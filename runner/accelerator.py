@@ -27,7 +27,10 @@ import torch
 from torch import nn
 
 from runner import dist as distributed
+from runner import parallel
 from runner import state as saved_state
+from runner.config import ParallelConfig
+from runner.devices import Hardware, for_device, this_process
 from runner.data.batches import _Batches
 from runner.dist import DistInfo
 from runner.precision import Precision
@@ -37,13 +40,6 @@ from runner.prepared import (
 
 ACCELERATE_PRECISION = {"no": "fp32", None: "fp32"}  # Accelerate's mixed_precision names that differ from ours
 _NO_SYNC = nullcontext()
-
-
-def default_device(info: DistInfo) -> torch.device:
-    """This process's CUDA device when CUDA is present, else the CPU."""
-    if torch.cuda.is_available():
-        return torch.device("cuda", info.local_rank % torch.cuda.device_count())
-    return torch.device("cpu")
 
 
 class Accelerator:
@@ -56,24 +52,32 @@ class Accelerator:
         *,
         mixed_precision: str | None = None,
         gradient_accumulation_steps: int | None = None,
-        tpu: bool = False,
+        hardware: Hardware | None = None,
+        parallel: ParallelConfig | None = None,
+        kwargs_handlers: list | None = None,
+        cpu: bool = False,
     ):
-        """`precision`/`mixed_precision`: fp32 (Accelerate's "no"), bf16, fp16, fp8. `tpu=True` (or an XLA
-        device) steps through torch_xla. `mixed_precision` and `gradient_accumulation_steps` are Accelerate's names."""
+        """`precision`/`mixed_precision`: fp32 (Accelerate's "no"), bf16, fp16, fp8. The device: `hardware` (what
+        the runner resolved), else `device` ("cpu", "cuda", "xla" for a TPU through torch_xla), else this process's
+        GPU when CUDA is present (`cpu=True`: the CPU). `parallel` or a DistributedDataParallelKwargs in
+        `kwargs_handlers`: DDP's settings. `mixed_precision`, `gradient_accumulation_steps`, `cpu` and
+        `kwargs_handlers` are Accelerate's names."""
         self.dist = dist or DistInfo.from_env()
+        if hardware is None:
+            hardware = for_device("cpu" if cpu else device) if (cpu or device is not None) else this_process()
+        self.hardware = hardware
         self.xla = None
-        if tpu or (device is not None and torch.device(device).type == "xla"):
+        if hardware.device_type == "xla":
             from runner.xla import Xla
 
             self.xla = Xla()
-        if device is not None:
-            self.device = torch.device(device)
-        else:
-            self.device = self.xla.device() if self.xla else default_device(self.dist)
+        explicit = device is not None and self.xla is None  # an XLA device is torch_xla's to hand out
+        self.device = torch.device(device) if explicit else hardware.device(self.dist.local_rank, self.xla)
         kind = precision or ACCELERATE_PRECISION.get(mixed_precision, mixed_precision)
         self.precision = Precision(kind, self.device.type)
         self.scaler = self.precision.make_scaler()
         self.gradient_accumulation_steps = gradient_accumulation_steps or grad_accum_steps
+        self.parallel = parallel or _ddp_settings(kwargs_handlers)
         self.shared = SharedState()
         self._micro_steps = 0
         self._models: list[nn.Module] = []
@@ -161,10 +165,7 @@ class Accelerator:
     def _prepare_model(self, model: nn.Module) -> nn.Module:
         model = self.convert_precision(model).to(self.device)
         self._models.append(model)
-        if self.dist.is_distributed:
-            device_ids = [self.device.index] if self.device.type == "cuda" else None
-            model = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
-        return model
+        return parallel.wrap(model, self.parallel, self.device, self.dist.is_distributed)
 
     def _prepare_optimizer(self, optimizer: torch.optim.Optimizer):
         if self.scaler is not None or self.xla is not None or self.gradient_accumulation_steps > 1:
@@ -288,3 +289,11 @@ def set_seed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def _ddp_settings(kwargs_handlers: list | None) -> ParallelConfig:
+    """DDP's settings from Accelerate-style kwargs handlers (a DistributedDataParallelKwargs among them)."""
+    for handler in kwargs_handlers or []:
+        if isinstance(handler, parallel.DistributedDataParallelKwargs):
+            return handler.to_config()
+    return ParallelConfig()

@@ -6,23 +6,23 @@ Every problem is collected and reported at once (one ConfigError), each naming i
 from __future__ import annotations
 
 from runner.build import target_problems
-from runner.config import HardwareKind, RunConfig, StartMethod
-from runner.devices import CUDA_KINDS, hardware_problems, resolve_kind, select_gpus
+from runner.config import ParallelKind, RunConfig, StartMethod
+from runner.devices import KINDS, Hardware
 from runner.errors import ConfigError, Problem
+from runner.plan import batch_problems
 from runner.precision import precision_problems
 
-POSITIVE_INTS = ("batch_size", "max_epochs", "log_every_steps", "grad_accum_steps", "data_in_memory_mb")
+POSITIVE_INTS = ("max_epochs", "log_every_steps", "data_in_memory_mb")
 POSITIVE_OR_NONE = ("max_steps", "eval_every_steps", "eval_batch_size", "max_grad_norm")
 
 
-def check(config: RunConfig) -> None:
-    hardware = config.hardware
-    problems = trainer_problems(config) + launch_problems(config) + checkpoint_problems(config)
-    # num_processes null (one per GPU in gpu_ids) is sized against the GPUs here; 1 keeps these checks neutral.
-    processes = hardware.num_processes or 1
-    problems += select_gpus(hardware.kind, config.gpu_ids, processes).problems
-    problems += hardware_problems(hardware.kind, processes)
-    problems += precision_problems(config.precision.kind, config.precision.fp8_emulation, device_type(hardware.kind))
+def check(config: RunConfig, hardware: Hardware) -> None:
+    """Every problem of this config on this machine (as `hardware` resolved it), raised as one ConfigError."""
+    problems = trainer_problems(config) + launch_problems(config, hardware) + checkpoint_problems(config)
+    if hardware.world_size >= 1:  # a process count below 1 is reported by launch_problems
+        problems += batch_problems(config.trainer, hardware.world_size)
+    problems += list(hardware.problems)
+    problems += precision_problems(config.precision.kind, config.precision.fp8_emulation, hardware.device_type)
     target_keys = ("model", "optimizer", "scheduler", "data", "task")
     bad_targets = target_problems({key: getattr(config, key) for key in target_keys}, config.allowed_targets)
     problems += bad_targets
@@ -63,19 +63,22 @@ def monitor_problems(config: RunConfig) -> list[Problem]:
                                        f"{type(task).__name__} reports {', '.join(measured)}")]
 
 
-def launch_problems(config: RunConfig) -> list[Problem]:
+def launch_problems(config: RunConfig, resolved: Hardware) -> list[Problem]:
     """Process counts, machines, rendezvous and timeouts that cannot work together."""
     hardware, problems = config.hardware, []
     for name in ("num_processes", "threads_per_process", "num_machines", "timeout_s", "shutdown_timeout_s"):
         value = getattr(hardware, name)
         if value is not None and value < 1:
             problems.append(Problem(f"hardware.{name}", f"is {value}; it must be 1 or more"))
-    multi = hardware.kind in (HardwareKind.multi_cpu, HardwareKind.multi_gpu)
-    if not multi and ((hardware.num_processes or 1) > 1 or hardware.num_machines > 1):
+    several = KINDS[resolved.kind].several_processes
+    if not several and not resolved.external_launcher and resolved.multi_process:
         problems.append(
-            Problem("hardware", f"{hardware.kind.value} runs one process on one machine; for num_processes="
+            Problem("hardware", f"{resolved.kind.value} runs one process on one machine; for num_processes="
                     f"{hardware.num_processes}, num_machines={hardware.num_machines} use hardware=multi_cpu or multi_gpu")
         )
+    if resolved.multi_process and config.parallel.kind == ParallelKind.none:
+        problems.append(Problem("parallel", f"is none, but the run has {resolved.world_size} processes, which would "
+                                            "train separate copies of the model; use parallel=ddp"))
     if not 0 <= hardware.machine_rank < max(1, hardware.num_machines):
         problems.append(Problem("hardware.machine_rank", f"is {hardware.machine_rank}; it must be 0 .. num_machines-1 "
                                 f"(0 .. {hardware.num_machines - 1})"))
@@ -84,7 +87,7 @@ def launch_problems(config: RunConfig) -> list[Problem]:
             if getattr(hardware, name) is None:
                 problems.append(Problem(f"hardware.{name}", f"is not set; a run on {hardware.num_machines} machines "
                                         "meets at machine 0's address and a free port on it, the same on every machine"))
-    if hardware.start_method is StartMethod.fork and hardware.kind in (HardwareKind.multi_gpu, HardwareKind.gpu):
+    if hardware.start_method is StartMethod.fork and resolved.device_type == "cuda":
         problems.append(Problem("hardware.start_method", "fork is unsafe once CUDA is initialised; use spawn "
                                 "(or forkserver) with GPUs"))
     return problems
@@ -101,9 +104,3 @@ def checkpoint_problems(config: RunConfig) -> list[Problem]:
     if settings.keep_best > 0 and not settings.enabled:
         problems.append(Problem("checkpoint.keep_best", "needs checkpoint.enabled=true"))
     return problems
-
-
-def device_type(kind: HardwareKind) -> str:
-    """The torch device type a hardware choice runs on: cpu, cuda or xla."""
-    kind = resolve_kind(kind)
-    return "cuda" if kind in CUDA_KINDS else "xla" if kind is HardwareKind.tpu else "cpu"

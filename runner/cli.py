@@ -21,15 +21,16 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from runner import rundir
 from runner.checks import check
-from runner.checkpoint import find_resume
-from runner.config import RunConfig, RunSpec, register_configs
-from runner.devices import apply_gpus, select_gpus
+from runner.checkpoint import find_resume, refuse_another_world_size
+from runner.config import RunConfig, RunSpec, plain, register_configs
+from runner.devices import resolve_hardware
 from runner.dist import writes_run_dir
 from runner.errors import (
     INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, ConfigError, Preempted, RunnerError, no_stray_tracebacks,
     write_failure,
 )
-from runner.launch import launch, resolve_num_processes
+from runner.launch import launch
+from runner.plan import batch_plan
 from runner.report import finished_result
 from runner.signals import stop_during_startup
 
@@ -200,25 +201,28 @@ def run_task(cfg: DictConfig, run_dir: rundir.RunDir | None = None) -> float:
 
 
 def preflight(spec: RunSpec) -> RunSpec:
-    """Everything decided once, in this process, before a worker starts: processes, GPUs, every cross-field
-    check, the checkpoint to resume from, and config.yaml."""
-    resolve_num_processes(spec)  # null: one per selected GPU on multi_gpu; the checks below need the count
-    hardware = spec.config.hardware
-    gpus = select_gpus(hardware.kind, spec.config.gpu_ids, hardware.num_processes)
-    apply_gpus(gpus)  # CUDA reads CUDA_VISIBLE_DEVICES once, when it initialises: before any check touches CUDA
-    check(spec.config)
-    if gpus.physical:
-        log.info("%s", gpus.table(hardware.num_processes))
+    """Everything decided once, in this process, before a worker starts: the hardware (processes, GPUs), the batch
+    plan, every cross-field check, the checkpoint to resume from, and config.yaml."""
+    config = spec.config
+    hardware = resolve_hardware(config.hardware, config.gpu_ids)
+    hardware.apply()  # CUDA reads CUDA_VISIBLE_DEVICES once, when it initialises: before any check touches CUDA
+    check(config, hardware)
+    if hardware.physical_gpus:
+        log.info("%s", hardware.gpu_table())
+    # config.yaml records the process count the run used (a null num_processes resolved here).
+    config = replace(config, hardware=replace(config.hardware, num_processes=hardware.processes_per_machine))
     run_dir = Path(spec.run_dir)
-    resume_from = find_resume(spec.config.resume, run_dir, spec.config.checkpoint.verify)
-    _write_config(run_dir, spec.resolved, resume_from)
-    return replace(spec, resume_from=str(resume_from) if resume_from else None)
+    resume_from = find_resume(config.resume, run_dir, config.checkpoint.verify)
+    if resume_from is not None:
+        refuse_another_world_size(resume_from, hardware.world_size)
+    _write_config(run_dir, plain(config), resume_from)
+    return replace(spec, config=config, hardware=hardware, batch=batch_plan(config.trainer, hardware.world_size),
+                   resume_from=str(resume_from) if resume_from else None)
 
 
 def freeze(cfg: DictConfig, run_dir: Path) -> RunSpec:
     """Resolve every interpolation once, here, and hand workers plain typed objects (never a DictConfig)."""
     try:
-        resolved = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
         config = OmegaConf.to_object(cfg)
     except MissingMandatoryValue as err:
         raise ConfigError(err.full_key, "is required and has no value; set it on the command line, "
@@ -227,7 +231,7 @@ def freeze(cfg: DictConfig, run_dir: Path) -> RunSpec:
         message = str(err).split("\n")[0]
         raise ConfigError(getattr(err, "full_key", None) or "config", message) from None
     assert isinstance(config, RunConfig)
-    return RunSpec(config=config, resolved=resolved, run_dir=str(run_dir))
+    return RunSpec(config=config, run_dir=str(run_dir))
 
 
 def _write_config(run_dir: Path, resolved: dict, resume_from: Path | None) -> None:

@@ -7,7 +7,7 @@ composition with its full key and the valid values. Below the CLI, code sees onl
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any, List, Optional
@@ -84,6 +84,31 @@ class HardwareConfig:
     """When a rank fails, seconds the other workers get to exit after SIGTERM before they are killed."""
 
 
+class ParallelKind(str, Enum):
+    ddp = "ddp"
+    none = "none"
+
+
+@dataclass
+class ParallelConfig:
+    """How several processes share the work; DDP's settings as torch.nn.parallel.DistributedDataParallel takes them."""
+
+    kind: ParallelKind = ParallelKind.ddp
+    """ddp: every process holds the whole model, gradients are averaged; none: one process only."""
+    find_unused_parameters: bool = False
+    """Set when some parameters get no gradient in a step (branches the forward skips): DDP then looks for them
+    each step, which costs time; without it such a model fails on several processes."""
+    static_graph: bool = False
+    """The set of used parameters never changes between steps: DDP can optimise for it (and it also allows
+    unused parameters, and activation checkpointing)."""
+    gradient_as_bucket_view: bool = False
+    """Gradients are views into DDP's all-reduce buckets: saves one copy of the gradients' memory."""
+    bucket_cap_mb: Optional[float] = None
+    """Size of DDP's gradient buckets in MiB (None: torch's default, 25)."""
+    broadcast_buffers: bool = True
+    """Copy rank 0's buffers (e.g. BatchNorm statistics) to every rank at each forward."""
+
+
 @dataclass
 class PrecisionConfig:
     kind: PrecisionKind = PrecisionKind.fp32
@@ -99,16 +124,24 @@ class TrainerConfig:
     max_steps: Optional[int] = None
     """Optimizer steps to train (None: no step limit)."""
     batch_size: int = 32
-    """Per-device batch: samples each process draws per micro-step. The global batch of one optimizer step is
-    batch_size x processes x grad_accum_steps (the run logs both)."""
+    """The global batch: samples in one optimizer step, over every process and accumulation step together. The
+    runner divides it among the processes (and into micro-batches), so the same recipe trains the same way on any
+    hardware; a batch the processes cannot share evenly is refused."""
+    micro_batch_size: Optional[int] = None
+    """The most samples one device takes in one forward pass (for memory): a larger per-device share is split
+    into that many accumulated micro-batches. None: no cap."""
+    per_device_batch_size: Optional[int] = None
+    """The per-device meaning instead: each process draws this many samples per micro-batch, and the global batch
+    becomes per_device_batch_size x processes x grad_accum_steps (so it grows with the hardware). When set,
+    batch_size and micro_batch_size are not used."""
     eval_batch_size: Optional[int] = None
-    """Samples per evaluation batch (None: same as batch_size)."""
+    """Samples per evaluation batch on each device (None: the training micro-batch)."""
     eval_every_steps: Optional[int] = None
     """Evaluate every N optimizer steps (None: at the end of each epoch). The run always ends with an evaluation."""
     log_every_steps: int = 10
     """Read the loss from the device and log it every N optimizer steps."""
-    grad_accum_steps: int = 1
-    """Micro-batches accumulated per optimizer step."""
+    grad_accum_steps: Optional[int] = None
+    """Micro-batches accumulated per optimizer step. None: as few as micro_batch_size allows (1 without a cap)."""
     max_grad_norm: Optional[float] = None
     """Clip the global gradient norm to this value (None: no clipping)."""
     monitor: str = "val/accuracy"
@@ -163,6 +196,7 @@ class RunConfig:
     """A whole experiment. Recipes (`recipes/*.yaml`) set these keys; the command line overrides them."""
 
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     model: Any = None
     """`_target_` node: the torch.nn.Module to train."""
@@ -238,13 +272,31 @@ def _rank_suffix() -> str:
     return "" if rank is None else f"_rank{rank}"
 
 
+def plain(config: Any) -> Any:
+    """A config (or part of one) as plain dicts, lists and scalars, Enums as their values: what config.yaml,
+    checkpoints and TensorBoard record. Derived where it is written, from the one typed config."""
+    if is_dataclass(config):
+        return {item.name: plain(getattr(config, item.name)) for item in fields(config)}
+    if isinstance(config, Enum):
+        return config.value
+    if isinstance(config, dict):
+        return {key: plain(value) for key, value in config.items()}
+    if isinstance(config, (list, tuple)):
+        return [plain(value) for value in config]
+    return config
+
+
 @dataclass(frozen=True)
 class RunSpec:
-    """What a worker process receives: the typed config, the same config as a plain resolved dict (for logging
-    and checkpoints), and the absolute run dir. Picklable, so the elastic launcher can hand it to each rank."""
+    """What a worker process receives: the typed config, what the parent resolved from it on this machine (the
+    hardware and the batch plan), and the absolute run dir. Picklable, so the elastic launcher can hand it to
+    each rank."""
 
     config: RunConfig
-    resolved: dict
     run_dir: str
+    hardware: Any = None
+    """runner.devices.Hardware: where the run executes (None until the parent resolved it)."""
+    batch: Any = None
+    """runner.plan.BatchPlan: the global batch, its share per device and the accumulation."""
     resume_from: Optional[str] = None
     """The verified checkpoint `resume` resolved to in the parent (None: start from scratch)."""

@@ -57,6 +57,11 @@ class DistInfo:
         return self.world_size > 1
 
 
+def started_by_external_launcher() -> bool:
+    """torchrun / SLURM-via-torchrun already started one process per rank: the runner starts none."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or "RANK" in os.environ
+
+
 def external_rank() -> int | None:
     """The RANK a launcher outside this program (torchrun, SLURM via torchrun) gave this process, if any."""
     return int(os.environ["RANK"]) if "RANK" in os.environ else None
@@ -83,12 +88,10 @@ def external_run_id() -> str | None:
     return f"torchrun-{time.strftime('%Y%m%d')}-{socket.gethostname()}-{os.getppid()}"
 
 
-def init_process_group(info: DistInfo, device_type: str, timeout_s: float = 1800) -> None:
-    """Join the group once (gloo on CPU, nccl on CUDA); a group that already exists is kept, as under torchrun.
-
-    `timeout_s` bounds how long a collective waits for a peer that is gone or stuck."""
+def init_process_group(info: DistInfo, backend: str | None, timeout_s: float = 1800) -> None:
+    """Join the group once, on the backend the hardware names (gloo, nccl); a group that already exists is kept,
+    as under torchrun. `timeout_s` bounds how long a collective waits for a peer that is gone or stuck."""
     if info.is_distributed and not torch_dist.is_initialized():
-        backend = "nccl" if device_type == "cuda" else "gloo"
         torch_dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
 
 

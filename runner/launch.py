@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Iterator
 
 from runner import worker
-from runner.config import HardwareConfig, HardwareKind, RunSpec
-from runner.devices import MULTI_PROCESS_KINDS, parse_gpu_ids, physical_gpu_count
-from runner.dist import DistInfo, cuda_visible_devices, threads_per_process
+from runner.config import RunSpec
+from runner.dist import DistInfo, threads_per_process
 from runner.errors import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, LaunchError, Preempted
 from runner.failures import root_cause
 from runner.signals import stop_during_startup
@@ -32,61 +31,22 @@ log = logging.getLogger(__name__)
 RANK_OUTPUT_DIR = "ranks"  # the launcher's raw stdout/stderr of every rank, under the run dir
 
 
-def started_by_external_launcher() -> bool:
-    """torchrun / SLURM-via-torchrun already started one process per rank: do not start more."""
-    return "TORCHELASTIC_RUN_ID" in os.environ or "RANK" in os.environ
-
-
 def launch(spec: RunSpec) -> dict[str, float]:
-    hardware = spec.config.hardware
-    if started_by_external_launcher():
+    hardware = spec.hardware
+    if hardware.external_launcher:
         return worker.run(spec, keep_process_group=True)
-    num_processes = processes_per_machine(hardware, spec.config.gpu_ids)
-    if hardware.kind not in MULTI_PROCESS_KINDS or num_processes * hardware.num_machines == 1:
-        return worker.run(spec)
-    return elastic_launch(spec, num_processes)
+    if hardware.launches_processes:
+        return elastic_launch(spec)
+    return worker.run(spec)
 
 
-def resolve_num_processes(spec: RunSpec) -> None:
-    """Fill in a null hardware.num_processes (typed config and resolved dict alike), in the parent, before the GPU
-    checks and config.yaml use it."""
-    count = processes_per_machine(spec.config.hardware, spec.config.gpu_ids)
-    spec.config.hardware.num_processes = count
-    spec.resolved.setdefault("hardware", {})["num_processes"] = count
-
-
-def processes_per_machine(hardware: HardwareConfig, gpu_ids) -> int:
-    """hardware.num_processes, or its default: one per GPU in gpu_ids on multi_gpu, 2 on multi_cpu, else 1."""
-    if hardware.num_processes is not None:
-        return hardware.num_processes
-    if hardware.kind is HardwareKind.multi_gpu:
-        return count_gpu_ids(gpu_ids)
-    return 2 if hardware.kind is HardwareKind.multi_cpu else 1
-
-
-def count_gpu_ids(gpu_ids) -> int:
-    """How many GPUs `gpu_ids` selects: the listed ones, or every visible GPU for all/null (those in an inherited
-    CUDA_VISIBLE_DEVICES, else those on the machine). 1 for a selection that does not parse: the GPU checks
-    report it."""
-    try:
-        ids = parse_gpu_ids(gpu_ids)
-    except ValueError:
-        return 1
-    if ids is not None:
-        return len(ids)
-    inherited = cuda_visible_devices()
-    if inherited is not None:
-        return max(1, len([token for token in inherited.split(",") if token.strip()]))
-    return max(1, physical_gpu_count() or 0)
-
-
-def launch_config(spec: RunSpec, num_processes: int):
+def launch_config(spec: RunSpec):
     """The elastic launcher's settings for this run: one machine on a free local port, or `num_machines` meeting
     at machine 0's static rendezvous (machine m holds global ranks m*N .. m*N+N-1, like torchrun --node-rank)."""
     from torch.distributed.elastic.multiprocessing import Std
     from torch.distributed.launcher.api import LaunchConfig
 
-    hardware = spec.config.hardware
+    hardware = spec.hardware
     if hardware.num_machines == 1:
         # Port 0: the rendezvous picks a free port, so two runs at once never collide.
         rendezvous = dict(rdzv_backend="c10d", rdzv_endpoint="localhost:0", run_id=f"runner-{uuid.uuid4().hex[:8]}",
@@ -97,7 +57,7 @@ def launch_config(spec: RunSpec, num_processes: int):
     return LaunchConfig(
         min_nodes=hardware.num_machines,
         max_nodes=hardware.num_machines,
-        nproc_per_node=num_processes,
+        nproc_per_node=hardware.processes_per_machine,
         max_restarts=0,
         start_method=hardware.start_method.value,
         shutdown_timeout=hardware.shutdown_timeout_s,
@@ -150,7 +110,7 @@ def leave_loky_start_method() -> None:
         multiprocessing.set_start_method("spawn", force=True)
 
 
-def elastic_launch(spec: RunSpec, num_processes: int) -> dict[str, float]:
+def elastic_launch(spec: RunSpec) -> dict[str, float]:
     """Start this machine's workers and wait for them; the final metrics of its lowest rank (rank 0 on machine 0;
     every rank holds the same, gathered across all processes).
 
@@ -159,7 +119,8 @@ def elastic_launch(spec: RunSpec, num_processes: int) -> dict[str, float]:
     checkpoint is sealed) instead of killing them after a fixed grace, and Ctrl-C ends the workers within seconds."""
     from torch.distributed.launcher.api import elastic_launch as torch_elastic_launch
 
-    hardware = spec.config.hardware
+    hardware = spec.hardware
+    num_processes = hardware.processes_per_machine
     leave_loky_start_method()
     with stop_during_startup():
         worker.prepare_data(spec.config)  # generate and cache once, here, before the ranks read it
@@ -174,7 +135,7 @@ def elastic_launch(spec: RunSpec, num_processes: int) -> dict[str, float]:
 
     def agent() -> None:
         try:
-            outcome["results"] = torch_elastic_launch(launch_config(spec, num_processes), worker.run_spawned)(spec)
+            outcome["results"] = torch_elastic_launch(launch_config(spec), worker.run_spawned)(spec)
         except BaseException as err:  # handed to the main thread, which reports it
             outcome["error"] = err
         finally:

@@ -15,6 +15,7 @@ import torch
 from runner.config import NonFinitePolicy, TrainerConfig
 from runner.dist import all_reduce_sum
 from runner.errors import NonFiniteLoss, Preempted
+from runner.plan import BatchPlan
 from runner.signals import NoStopSignals
 
 log = logging.getLogger(__name__)
@@ -30,9 +31,9 @@ class TrainState:
     batch_in_epoch: int = 0
 
 
-def planned_steps(settings: TrainerConfig, batches_per_epoch: int) -> tuple[int, int]:
-    """(optimizer steps per epoch, total optimizer steps) for these settings."""
-    steps_per_epoch = max(1, batches_per_epoch // settings.grad_accum_steps)
+def planned_steps(settings: TrainerConfig, batches_per_epoch: int, accumulation: int) -> tuple[int, int]:
+    """(optimizer steps per epoch, total optimizer steps) for these settings and micro-batches per step."""
+    steps_per_epoch = max(1, batches_per_epoch // accumulation)
     total = steps_per_epoch * settings.max_epochs
     if settings.max_steps is not None:
         total = min(total, settings.max_steps)
@@ -71,15 +72,16 @@ class Loop:
     evaluation) is in `state_dict()`; the checkpointer decides when to save and `stop` when to stop early."""
 
     def __init__(self, accelerator, model, optimizer, scheduler, train_batches, val_batches, task,
-                 settings: TrainerConfig, logger, progress, checkpointer, stop=None):
+                 settings: TrainerConfig, batch: BatchPlan, *, logger, progress, checkpointer, stop=None):
         self.accelerator = accelerator
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.train_batches, self.val_batches, self.task = train_batches, val_batches, task
         self.settings = settings
         self.logger, self.progress, self.checkpointer = logger, progress, checkpointer
         self.stop = stop or NoStopSignals()
-        self.steps_per_epoch, self.total_steps = planned_steps(settings, len(train_batches))
-        self.samples_per_micro_batch = settings.batch_size * accelerator.num_processes
+        self.accumulation = batch.accumulation
+        self.steps_per_epoch, self.total_steps = planned_steps(settings, len(train_batches), batch.accumulation)
+        self.samples_per_micro_batch = batch.per_device * batch.processes
         # Read once: a task whose samples have a fixed length in tokens (language models) gets tokens/s logged.
         self.tokens_per_sample = getattr(task, "tokens_per_sample", None)
         self.state = TrainState()
@@ -97,6 +99,10 @@ class Loop:
         return is_finished(self.state.step, self.state.epoch, self.total_steps, self.settings.max_epochs)
 
     def fit(self) -> dict[str, float]:
+        with self.stop:
+            return self._fit()
+
+    def _fit(self) -> dict[str, float]:
         self.progress.update(self.state.step)
         while not self.finished:
             self.train_epoch()
@@ -115,7 +121,7 @@ class Loop:
 
     def train_epoch(self) -> None:
         """Train until the epoch ends (then count it) or the step budget is spent."""
-        settings, accumulate = self.settings, self.settings.grad_accum_steps
+        settings, accumulate = self.settings, self.accumulation
         start = self.state.batch_in_epoch
         if start == 0:  # a new epoch starts a new loss window; a resumed one continues the restored window
             self.running_loss.zero_()

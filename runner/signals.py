@@ -98,5 +98,11 @@ class NoStopSignals:
     received = None
     name = ""
 
+    def __enter__(self) -> "NoStopSignals":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
     def requested(self) -> bool:
         return False

@@ -23,9 +23,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from runner import report
-from runner.dist import DistInfo
+from runner.dist import DistInfo, started_by_external_launcher
 from runner.errors import LaunchError
-from runner.launch import started_by_external_launcher
 
 log = logging.getLogger("runner")
 

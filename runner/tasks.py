@@ -53,11 +53,14 @@ class Task:
 
     def check_fit(self, model: nn.Module, batch: dict[str, torch.Tensor], model_node: dict) -> None:
         """One batch through the model before training: a model that cannot take the data, or fewer outputs than
-        the data has classes, fails here with the model key to change, not as a traceback at the first step."""
+        the data has classes, fails here with the model key to change, not as a traceback at the first step.
+        A model on the meta device (runner.validate) gets the batch there too: shapes only, no arithmetic."""
         inputs = batch[self.input_key]
+        on_meta = any(parameter.is_meta for parameter in model.parameters())
+        forward_batch = {key: value.to("meta") for key, value in batch.items()} if on_meta else batch
         try:
             with torch.no_grad():
-                logits, targets = self.flat_logits_and_targets(model, batch)
+                logits, _ = self.flat_logits_and_targets(model, forward_batch)
         except (RuntimeError, IndexError, ValueError) as err:
             key = _first_key(model_node, INPUT_SIZE_KEYS)
             hint = f"; model.{key} is {model_node[key]}" if key else ""
@@ -65,6 +68,7 @@ class Task:
                 f"the model cannot take the data's '{self.input_key}' column (a batch of shape {list(inputs.shape)}, "
                 f"{inputs.dtype}): {str(err).strip().splitlines()[0]}{hint}; make the model's input size match "
                 "the data")) from None
+        targets = batch[self.target_key].reshape(-1)
         labels = targets[targets != IGNORED_TARGET]
         classes = logits.shape[-1]
         if labels.numel() and (int(labels.max()) >= classes or int(labels.min()) < 0):

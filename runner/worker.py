@@ -8,12 +8,10 @@ import signal
 import sys
 from pathlib import Path
 
-from runner.accelerator import Accelerator, set_seed
-from runner.build import build_data, build_model, build_optimizer, build_scheduler, build_task
-from runner.checkpoint import Checkpointer, apply_rng, restore
-from runner.config import HardwareKind, RunConfig, RunSpec
-from runner.data.batches import make_batches
-from runner.devices import device_for, resolve_kind
+from runner.accelerator import Accelerator
+from runner.build import build_data
+from runner.checkpoint import apply_rng, restore
+from runner.config import RunConfig, RunSpec, plain
 from runner.dist import (
     DistInfo,
     config_mismatch,
@@ -21,16 +19,18 @@ from runner.dist import (
     exit_with_parent,
     init_process_group,
     keep_process_group_until_exit,
-    local_main_first,
     peer_store,
     threads_per_process,
 )
-from runner.errors import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, LaunchError, Preempted, no_stray_tracebacks
+from runner.errors import (
+    INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, ConfigError, LaunchError, Preempted, no_stray_tracebacks,
+)
 from runner.failures import FAILURE_ATTRIBUTE, PeerLost, mark_step, worker_failure
+from runner.loop import is_finished
+from runner.parallel import unused_parameters_hint
 from runner.peers import NoPeers, Peers
-from runner.loop import Loop, is_finished, planned_steps
-from runner.metrics import Progress, make_logger
-from runner.signals import StopSignals, stop_during_startup
+from runner.signals import stop_during_startup
+from runner.wiring import Parts, build_parts, make_loop
 
 log = logging.getLogger(__name__)
 
@@ -64,25 +64,22 @@ def _peers(dist: DistInfo, run_dir: str):
 
 
 def _run(spec: RunSpec, dist: DistInfo, peers, keep_process_group: bool) -> dict[str, float]:
-    hardware = spec.config.hardware
-    device = device_for(hardware.kind, dist)
+    hardware, config = spec.hardware, spec.config
     if dist.is_distributed:
         import torch
 
         torch.set_num_threads(threads_per_process(dist, hardware.threads_per_process))
         log.info("rank %d of %d (local rank %d), pid %d, %d thread(s)", dist.rank, dist.world_size, dist.local_rank,
                  os.getpid(), torch.get_num_threads())
-    init_process_group(dist, device.type, hardware.timeout_s)
+    init_process_group(dist, hardware.backend, hardware.timeout_s)
     if keep_process_group:
         keep_process_group_until_exit()
-    mismatch = config_mismatch(spec.resolved) if dist.is_distributed else None
+    mismatch = config_mismatch(plain(config)) if dist.is_distributed else None
     if mismatch:
         raise LaunchError(f"{mismatch}\n  every machine must run the same command (only machine_rank may differ)")
-    accelerator = Accelerator(
-        device, spec.config.precision.kind, dist, spec.config.trainer.grad_accum_steps,
-        tpu=resolve_kind(spec.config.hardware.kind) is HardwareKind.tpu,
-    )
-    final = train(spec.config, spec.resolved, Path(spec.run_dir), accelerator, spec.resume_from, peers)
+    accelerator = Accelerator(hardware=hardware, precision=config.precision.kind, dist=dist,
+                              gradient_accumulation_steps=spec.batch.accumulation, parallel=config.parallel)
+    final = train(spec, accelerator, peers)
     # Only after success: a failing rank keeps its connections until it exits, after it has reported its error, so
     # its peers (which fail when those connections drop) cannot be reported first and hide the root cause.
     if not keep_process_group:
@@ -90,91 +87,43 @@ def _run(spec: RunSpec, dist: DistInfo, peers, keep_process_group: bool) -> dict
     return final
 
 
-def train(config: RunConfig, resolved: dict, run_dir: Path, accelerator: Accelerator,
-          resume_from: str | None = None, peers=None) -> dict[str, float]:
-    trainer, is_main = config.trainer, accelerator.is_main_process
-    set_seed(config.seed)
-    # fp8 swaps Linear layers for Float8Linear: before the optimizer is built from the parameters.
-    model = accelerator.convert_precision(build_model(config.model))
-    log.info("%s", accelerator.describe())
-    if accelerator.precision.speed_warning():
-        log.warning("%s", accelerator.precision.speed_warning())
-    log.info(
-        "batch size: %d per device x %d process(es) x %d accumulation step(s) = %d global per optimizer step",
-        trainer.batch_size, accelerator.num_processes, trainer.grad_accum_steps,
-        trainer.batch_size * accelerator.num_processes * trainer.grad_accum_steps,
-    )
-    optimizer = build_optimizer(config.optimizer, model.parameters())
-    with local_main_first(accelerator.dist):
-        splits = build_data(config.data)
-    train_batches = make_batches(splits["train"], trainer.batch_size, True, config.seed, trainer.data_in_memory_mb)
-    val_batches = make_batches(
-        splits["validation"], trainer.eval_batch_size or trainer.batch_size, False, config.seed, trainer.data_in_memory_mb
-    )
-    task = build_task(config.task)
-    prepared_model, prepared_optimizer, train_batches, val_batches = accelerator.prepare(
-        model, optimizer, train_batches, val_batches
-    )
-    check_fit(task, accelerator, prepared_model, train_batches, config.model)
-    _, total_steps = planned_steps(trainer, len(train_batches))
-    scheduler = accelerator.prepare(build_scheduler(config.scheduler, optimizer, total_steps))
-
-    restored = _restore(resume_from, model, optimizer, scheduler, accelerator, resolved) if resume_from else None
-    if restored and is_finished(restored["loop"]["step"], restored["loop"]["epoch"], total_steps, trainer.max_epochs):
-        log.info("the run already finished at step %d (%s); nothing to do", restored["loop"]["step"], resume_from)
+def train(spec: RunSpec, accelerator: Accelerator, peers=None) -> dict[str, float]:
+    """Build the parts, restore a checkpoint if the parent chose one, make the loop, fit."""
+    config, run_dir = spec.config, Path(spec.run_dir)
+    parts = build_parts(config, spec.batch, accelerator)
+    restored = _restore(spec.resume_from, parts, accelerator, config) if spec.resume_from else None
+    if restored and is_finished(restored["loop"]["step"], restored["loop"]["epoch"], parts.total_steps,
+                                config.trainer.max_epochs):
+        log.info("the run already finished at step %d (%s); nothing to do", restored["loop"]["step"], spec.resume_from)
         return dict(restored["loop"]["last_metrics"])
-
-    logger = make_logger(run_dir, is_main, config.logging.tensorboard, config.logging.jsonl,
-                         start_step=restored["loop"]["step"] if restored else 0)
-    checkpointer = Checkpointer(run_dir, config.checkpoint, writer=is_main, monitor=trainer.monitor,
-                                monitor_mode=trainer.monitor_mode, world_size=accelerator.num_processes, resolved=resolved)
-    stop = StopSignals(config.checkpoint.stop_signals, accelerator.dist.is_distributed)
-    loop = Loop(
-        accelerator, prepared_model, prepared_optimizer, scheduler, train_batches, val_batches, task, trainer,
-        logger=logger,
-        progress=Progress(total_steps, enabled=is_main and trainer.progress_bar),
-        checkpointer=checkpointer,
-        stop=stop,
-    )
+    loop = make_loop(parts, config, spec.batch, accelerator, run_dir,
+                     start_step=restored["loop"]["step"] if restored else 0)
     if peers is not None:
         peers.watch_progress(lambda: loop.state.step)
     if restored:
         loop.load_state_dict(restored["loop"], restored["this_rank"])
-        checkpointer.load_state_dict(restored["checkpointer"])
+        loop.checkpointer.load_state_dict(restored["checkpointer"])
         apply_rng(restored)  # last: nothing after this draws random numbers before training continues
     else:
-        logger.log_config(resolved)
+        loop.logger.log_config(plain(config))
     try:
-        with stop:
-            final = loop.fit()
-        logger.log_hparams(resolved, final)
+        final = loop.fit()
+        loop.logger.log_hparams(plain(config), final)
     except Exception as err:
         mark_step(err, loop.state.step)
+        hint = unused_parameters_hint(err)
+        if hint:
+            raise ConfigError("parallel.find_unused_parameters", hint) from err
         raise
     finally:
-        logger.close()
+        loop.logger.close()
     return final
 
 
-def check_fit(task, accelerator: Accelerator, model, train_batches, model_node: dict) -> None:
-    """Before the first step, one batch through the model (on every rank, under the run's autocast): a model that
-    does not fit the data fails with the key to change (see Task.check_fit)."""
-    check = getattr(task, "check_fit", None)
-    if check is None:
-        return
-    module = accelerator.unwrap_model(model)
-    module.eval()
-    try:
-        with accelerator.autocast():
-            check(module, next(iter(train_batches)), model_node)
-    finally:
-        module.train()
-
-
-def _restore(resume_from: str, model, optimizer, scheduler, accelerator: Accelerator, resolved: dict) -> dict:
+def _restore(resume_from: str, parts: Parts, accelerator: Accelerator, config: RunConfig) -> dict:
     """Load the checkpoint the parent chose into the built objects (RNG comes last, in `train`)."""
-    restored = restore(Path(resume_from), model, optimizer, scheduler, accelerator.scaler, rank=accelerator.dist.rank,
-                       world_size=accelerator.num_processes, resolved=resolved)
+    restored = restore(Path(resume_from), parts.model, parts.optimizer, parts.scheduler, accelerator.scaler,
+                       rank=accelerator.dist.rank, world_size=accelerator.num_processes, resolved=plain(config))
     position = restored["loop"]
     log.info("resumed from %s: step %d, epoch %d, batch %d of the epoch", resume_from, position["step"],
              position["epoch"], position["batch_in_epoch"])

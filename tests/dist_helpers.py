@@ -46,7 +46,7 @@ def config_mismatch_between_ranks() -> str | None:
     from runner.dist import DistInfo, config_mismatch, init_process_group
 
     info = DistInfo.from_env()
-    init_process_group(info, "cpu", timeout_s=60)
+    init_process_group(info, "gloo", timeout_s=60)
     resolved = {"seed": 0, "hardware": {"machine_rank": info.rank}, "optimizer": {"lr": 0.1 * (info.rank + 1)}}
     return config_mismatch(resolved)
 
@@ -55,7 +55,7 @@ def record_main_first_order(path: str) -> bool:
     from runner.dist import DistInfo, init_process_group, local_main_first
 
     info = DistInfo.from_env()
-    init_process_group(info, "cpu", timeout_s=60)
+    init_process_group(info, "gloo", timeout_s=60)
     if info.rank == 0:
         time.sleep(0.5)  # rank 1 would write first if it did not wait
     with local_main_first(info):
@@ -72,7 +72,7 @@ def step_at_which_ranks_stop(signal_rank: int, signal_after_step: int) -> int:
     from runner.signals import StopSignals
 
     info = DistInfo.from_env()
-    init_process_group(info, "cpu", timeout_s=60)
+    init_process_group(info, "gloo", timeout_s=60)
     with StopSignals(["SIGUSR1"], distributed=True) as stop:
         for step in range(1, 20):
             if info.rank == signal_rank and step == signal_after_step:

@@ -32,7 +32,7 @@ def launch(fn, *args, nproc: int = 2) -> dict:
 def all_checks(tmp_dir: str) -> dict:
     """One launch (starting processes costs seconds) for every check: collectives, then accumulation."""
     torch.set_num_threads(1)
-    init_process_group(DistInfo.from_env(), "cpu")
+    init_process_group(DistInfo.from_env(), "gloo")
     try:
         return {"collectives": collectives(tmp_dir), "accumulation": accumulation(grad_accum_steps=2)}
     finally:

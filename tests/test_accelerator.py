@@ -317,7 +317,7 @@ def test_tpu_path_steps_and_loads_through_torch_xla(monkeypatch):
     reference, candidate = make_model(), make_model()
     plain_loop(reference, torch.optim.SGD(reference.parameters(), lr=0.1), DataLoader(make_data(64), batch_size=32))
 
-    accelerator = Accelerator(tpu=True)
+    accelerator = Accelerator("xla")
     model, optimizer, loader = accelerator.prepare(
         candidate, torch.optim.SGD(candidate.parameters(), lr=0.1), DataLoader(make_data(64), batch_size=32)
     )
@@ -352,6 +352,7 @@ def run_loop(batch_size: int, grad_accum_steps: int, steps: int = 3):
     from runner.metrics import Progress
     from runner.checkpoint import Checkpointer
     from runner.config import TrainerConfig
+    from runner.plan import BatchPlan
     from runner.tasks import Classification
 
     features, labels = make_data(256)[:]
@@ -365,7 +366,8 @@ def run_loop(batch_size: int, grad_accum_steps: int, steps: int = 3):
         TensorBatches(columns, batch_size, shuffle=True, seed=0), TensorBatches(columns, 64, shuffle=False, seed=0),
     )
     logger = RecordingLogger()
-    Loop(accelerator, model, optimizer, None, train, val, Classification(), settings, logger=logger,
+    Loop(accelerator, model, optimizer, None, train, val, Classification(), settings,
+         BatchPlan(batch_size, grad_accum_steps, processes=1), logger=logger,
          progress=Progress(steps, enabled=False), checkpointer=Checkpointer.disabled()).fit()
     return [metrics["train/loss"] for _, metrics in logger.rows if "train/loss" in metrics], model
 
@@ -405,7 +407,10 @@ def test_two_gloo_processes_with_accumulation_match_one_process_with_the_whole_b
     from conftest import TINY
 
     common = (*TINY, "trainer.max_steps=2")
-    # 2 processes x 32 rows x 2 micro-batches = the same 128 rows per step as one process with batches of 128.
+    # A global batch of 128: 2 processes x 2 micro-batches of 32 take the same 128 rows per step as one process.
     one = cli(*common, "trainer.batch_size=128", cwd=(tmp_path / "one").mkdir() or tmp_path / "one")
-    two = cli(*common, "hardware=multi_cpu", "trainer.grad_accum_steps=2", cwd=(tmp_path / "two").mkdir() or tmp_path / "two")
+    two = cli(*common, "trainer.batch_size=128", "hardware=multi_cpu", "hardware.start_method=fork",
+              "trainer.grad_accum_steps=2", cwd=(tmp_path / "two").mkdir() or tmp_path / "two")
+    assert "batch: 128 global per optimizer step = 32 per device x 2 process(es) x 2 accumulation step(s)" in \
+        (two.run_dir() / "runner_rank0.log").read_text()
     assert _final_val_loss(two) == pytest.approx(_final_val_loss(one), abs=1e-4)

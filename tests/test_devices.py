@@ -1,8 +1,10 @@
-"""Devices: gpu_ids parsing and selection against CUDA_VISIBLE_DEVICES and the GPUs present (stood in for on CPU),
-the physical id -> rank -> device table, auto, TPU checks, and the CLI reporting every problem at once."""
+"""Devices: one resolved Hardware from hardware + gpu_ids + the environment: gpu_ids parsing and selection against
+CUDA_VISIBLE_DEVICES and the GPUs present (stood in for on CPU), the physical id -> rank -> device table, auto, TPU,
+external launchers, and the CLI reporting every problem at once."""
 
 from __future__ import annotations
 
+import pickle
 import sys
 import types
 
@@ -10,9 +12,8 @@ import pytest
 import torch
 
 from runner import devices
-from runner.config import HardwareKind
-from runner.devices import apply_gpus, device_for, hardware_problems, parse_gpu_ids, select_gpus
-from runner.dist import DistInfo
+from runner.config import HardwareConfig, HardwareKind
+from runner.devices import parse_gpu_ids, resolve_hardware
 from runner.errors import HardwareError
 
 from conftest import TINY
@@ -20,12 +21,17 @@ from conftest import TINY
 
 @pytest.fixture
 def four_gpus(monkeypatch):
-    """A machine with 4 GPUs as NVML sees them, and no CUDA_VISIBLE_DEVICES set."""
+    """A machine with 4 GPUs as NVML sees them, CUDA usable, and no CUDA_VISIBLE_DEVICES set."""
     monkeypatch.setattr(devices, "physical_gpu_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     # setenv first so monkeypatch restores the variable after tests that export it (delenv alone records nothing
     # when it is unset).
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+
+
+def _resolve(kind: HardwareKind, gpu_ids=None, processes: int | None = None) -> devices.Hardware:
+    return resolve_hardware(HardwareConfig(kind=kind, num_processes=processes), gpu_ids)
 
 
 @pytest.mark.parametrize("value, ids", [
@@ -46,65 +52,81 @@ def test_parse_gpu_ids_rejects_with_what_is_accepted(value, message):
         parse_gpu_ids(value)
 
 
-def test_gpu_ids_become_cuda_visible_devices_and_a_table(four_gpus):
-    selection = select_gpus(HardwareKind.multi_gpu, [3, 1], num_processes=2)
-    assert selection.problems == [] and selection.export == "3,1"
-    assert selection.table(2).splitlines()[1:] == ["  physical 3 -> rank 0 -> cuda:0", "  physical 1 -> rank 1 -> cuda:1"]
+def test_one_resolved_description_of_the_hardware(four_gpus):
+    hardware = _resolve(HardwareKind.multi_gpu, [3, 1])
+    assert (hardware.kind, hardware.device_type, hardware.backend) == (HardwareKind.multi_gpu, "cuda", "nccl")
+    assert hardware.processes_per_machine == 2 and hardware.world_size == 2  # one per selected GPU
+    assert hardware.multi_process and hardware.launches_processes and not hardware.external_launcher
+    assert hardware.cuda_visible_devices == "3,1" and hardware.problems == ()
+    assert hardware.gpu_table().splitlines()[1:] == ["  physical 3 -> rank 0 -> cuda:0", "  physical 1 -> rank 1 -> cuda:1"]
+    assert pickle.loads(pickle.dumps(hardware)) == hardware  # what the launcher hands each worker
+    cpu = _resolve(HardwareKind.multi_cpu)
+    assert (cpu.device_type, cpu.backend, cpu.processes_per_machine) == ("cpu", "gloo", 2)
 
 
 def test_apply_exports_the_selection(four_gpus):
-    apply_gpus(select_gpus(HardwareKind.gpu, "2", num_processes=1))
+    _resolve(HardwareKind.gpu, "2").apply()
     from runner.dist import cuda_visible_devices
 
     assert cuda_visible_devices() == "2"
 
 
 def test_apply_changes_nothing_when_the_selection_has_problems(four_gpus):
-    apply_gpus(select_gpus(HardwareKind.gpu, [9], num_processes=1))
+    hardware = _resolve(HardwareKind.gpu, [9])
+    hardware.apply()
     from runner.dist import cuda_visible_devices
 
-    assert cuda_visible_devices() is None
+    assert hardware.problems and cuda_visible_devices() is None
 
 
 def test_gpu_ids_out_of_range_lists_the_gpus_present(four_gpus):
-    (problem,) = select_gpus(HardwareKind.gpu, [4], num_processes=1).problems
+    (problem,) = _resolve(HardwareKind.gpu, [4]).problems
     assert problem.key == "gpu_ids"
     assert "[4] names GPUs this machine does not have; it has 4 GPU(s): 0, 1, 2, 3" in problem.message
 
 
 def test_all_gpus_by_default(four_gpus):
-    selection = select_gpus(HardwareKind.multi_gpu, None, num_processes=4)
-    assert selection.export is None and selection.physical == ["0", "1", "2", "3"]
-    (problem,) = select_gpus(HardwareKind.multi_gpu, "all", num_processes=5).problems
+    hardware = _resolve(HardwareKind.multi_gpu, None)
+    assert hardware.cuda_visible_devices is None and hardware.physical_gpus == ("0", "1", "2", "3")
+    assert hardware.processes_per_machine == 4
+    (problem,) = _resolve(HardwareKind.multi_gpu, "all", processes=5).problems
     assert problem.key == "hardware.num_processes" and "only 4 GPU(s) are available" in problem.message
 
 
 def test_gpu_count_must_match_the_process_count(four_gpus):
-    (problem,) = select_gpus(HardwareKind.multi_gpu, [0, 1], num_processes=3).problems
+    (problem,) = _resolve(HardwareKind.multi_gpu, [0, 1], processes=3).problems
     assert "selects 2 GPU(s) (0,1) for 3 process(es)" in problem.message and "hardware.num_processes=2" in problem.message
-    (problem,) = select_gpus(HardwareKind.gpu, [0, 1], num_processes=1).problems
+    (problem,) = _resolve(HardwareKind.gpu, [0, 1]).problems
     assert "use hardware=multi_gpu hardware.num_processes=2" in problem.message
 
 
 def test_an_inherited_cuda_visible_devices_is_respected(four_gpus, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")  # e.g. set by SLURM
-    kept = select_gpus(HardwareKind.multi_gpu, None, num_processes=2)
-    assert kept.export is None and kept.physical == ["2", "3"] and kept.problems == []
-    narrowed = select_gpus(HardwareKind.gpu, [3], num_processes=1)
-    assert narrowed.export == "3" and narrowed.table(1).splitlines()[1] == "  physical 3 -> rank 0 -> cuda:0"
+    kept = _resolve(HardwareKind.multi_gpu, None)
+    assert kept.cuda_visible_devices is None and kept.physical_gpus == ("2", "3") and kept.problems == ()
+    narrowed = _resolve(HardwareKind.gpu, [3])
+    assert narrowed.cuda_visible_devices == "3" and narrowed.gpu_table().splitlines()[1] == "  physical 3 -> rank 0 -> cuda:0"
 
 
 @pytest.mark.parametrize("inherited", ["2,3", "GPU-8f3c2a1e-0000-0000-0000-000000000000"])
 def test_a_conflicting_gpu_ids_is_an_error_not_an_override(four_gpus, monkeypatch, inherited):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", inherited)
-    (problem,) = select_gpus(HardwareKind.gpu, [0], num_processes=1).problems
+    (problem,) = _resolve(HardwareKind.gpu, [0]).problems
     assert f"[0] conflicts with CUDA_VISIBLE_DEVICES='{inherited}'" in problem.message
     assert "unset CUDA_VISIBLE_DEVICES" in problem.message
 
 
 def test_cpu_runs_ignore_gpu_ids_but_still_reject_malformed_ones(four_gpus):
-    assert select_gpus(HardwareKind.cpu, [7], num_processes=1).problems == []
-    assert select_gpus(HardwareKind.cpu, "x", num_processes=1).problems[0].key == "gpu_ids"
+    assert _resolve(HardwareKind.cpu, [7]).problems == ()
+    assert _resolve(HardwareKind.cpu, "x").problems[0].key == "gpu_ids"
+
+
+def test_under_torchrun_the_launcher_decides_the_process_counts(monkeypatch):
+    for name, value in {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(name, value)
+    hardware = _resolve(HardwareKind.multi_cpu, processes=8)
+    assert hardware.external_launcher and not hardware.launches_processes
+    assert (hardware.processes_per_machine, hardware.num_machines, hardware.world_size) == (2, 2, 4)
 
 
 def test_a_cpu_only_torch_build_counts_no_gpus(monkeypatch):
@@ -117,34 +139,40 @@ def test_auto_means_gpu_when_cuda_is_present_and_says_which(monkeypatch, caplog)
     monkeypatch.setattr(devices, "cuda_present", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     caplog.set_level("INFO", logger="runner.devices")
-    assert device_for(HardwareKind.auto, DistInfo(rank=1, local_rank=1, world_size=2)) == torch.device("cuda", 1)
+    hardware = _resolve(HardwareKind.auto)
+    assert hardware.kind is HardwareKind.gpu and hardware.device(1) == torch.device("cuda", 1)
     assert "hardware=auto: CUDA is present, using the GPU" in caplog.text
     monkeypatch.setattr(devices, "cuda_present", lambda: False)
-    assert device_for(HardwareKind.auto, DistInfo()) == torch.device("cpu")
+    hardware = _resolve(HardwareKind.auto)
+    assert hardware.kind is HardwareKind.cpu and hardware.device(0) == torch.device("cpu")
     assert "no CUDA GPU, using the CPU" in caplog.text
 
 
 def test_a_rank_without_its_gpu_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(HardwareError, match="local rank 1 needs cuda:1, but this process sees 1 GPU"):
-        device_for(HardwareKind.multi_gpu, DistInfo(rank=1, local_rank=1, world_size=2))
+        devices.Hardware(HardwareKind.multi_gpu, "cuda", 2).device(1)
 
 
 def test_tpu_without_torch_xla_names_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch_xla", None)
-    problems = hardware_problems(HardwareKind.tpu, num_processes=2)
+    problems = _resolve(HardwareKind.tpu, processes=2).problems
     assert problems[0].key == "hardware" and "tpu needs torch_xla" in problems[0].message
     assert "install the torch_xla build that matches your torch" in problems[0].message
     assert problems[1].key == "hardware.num_processes"
 
 
 def test_tpu_with_torch_xla_uses_its_device(monkeypatch):
+    from runner.accelerator import Accelerator
+
     fake = types.ModuleType("torch_xla")
     fake.device = lambda: torch.device("cpu")
     for name in ("torch_xla", "torch_xla.core.xla_model", "torch_xla.distributed.parallel_loader"):
         monkeypatch.setitem(sys.modules, name, fake)
-    assert hardware_problems(HardwareKind.tpu) == []
-    assert device_for(HardwareKind.tpu, DistInfo()) == torch.device("cpu")
+    hardware = _resolve(HardwareKind.tpu)
+    assert hardware.problems == () and hardware.device_type == "xla"
+    accelerator = Accelerator(hardware=hardware)
+    assert accelerator.xla is not None and accelerator.device == torch.device("cpu")
 
 
 def test_the_cli_reports_every_device_and_precision_problem_at_once(cli):

@@ -12,14 +12,9 @@ from runner.checks import launch_problems
 from runner.config import HardwareConfig, HardwareKind, RunConfig, RunSpec, StartMethod
 from runner.errors import DataError
 from runner.failures import PeerLost, RankFailed, mark_step, root_cause, worker_failure
-from runner import launch
-from runner.launch import (
-    launch_config,
-    leave_loky_start_method,
-    omp_threads_for_workers,
-    processes_per_machine,
-    started_by_external_launcher,
-)
+from runner.devices import resolve_hardware
+from runner.dist import started_by_external_launcher
+from runner.launch import launch_config, leave_loky_start_method, omp_threads_for_workers
 
 
 def _hardware(**fields) -> HardwareConfig:
@@ -27,27 +22,14 @@ def _hardware(**fields) -> HardwareConfig:
 
 
 def _spec(tmp_path, **fields) -> RunSpec:
-    return RunSpec(config=RunConfig(hardware=_hardware(**fields)), resolved={}, run_dir=str(tmp_path))
-
-
-def test_num_processes_defaults_to_one_per_gpu_id(monkeypatch):
-    gpu = HardwareKind.multi_gpu
-    assert processes_per_machine(_hardware(kind=gpu), [0, 2]) == 2
-    assert processes_per_machine(_hardware(kind=gpu), "0,1,3") == 3
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.setattr(launch, "physical_gpu_count", lambda: 4)
-    assert processes_per_machine(_hardware(kind=gpu), None) == 4  # every GPU on the machine
-    assert processes_per_machine(_hardware(kind=gpu), "all") == 4
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3")  # set by a scheduler: only those are visible
-    assert processes_per_machine(_hardware(kind=gpu), None) == 2
-    assert processes_per_machine(_hardware(kind=gpu, num_processes=1), [0, 1]) == 1  # an explicit value wins
-    assert processes_per_machine(_hardware(), None) == 2
-    assert processes_per_machine(_hardware(kind=HardwareKind.cpu), None) == 1
+    config = RunConfig(hardware=_hardware(**fields))
+    return RunSpec(config=config, run_dir=str(tmp_path), hardware=resolve_hardware(config.hardware))
 
 
 def test_one_machine_meets_on_a_free_port_with_a_fresh_run_id(tmp_path):
-    first = launch_config(_spec(tmp_path, start_method=StartMethod.fork, shutdown_timeout_s=7, timeout_s=90), 3)
-    second = launch_config(_spec(tmp_path), 2)
+    first = launch_config(_spec(tmp_path, num_processes=3, start_method=StartMethod.fork, shutdown_timeout_s=7,
+                                timeout_s=90))
+    second = launch_config(_spec(tmp_path))
     assert (first.rdzv_backend, first.rdzv_endpoint) == ("c10d", "localhost:0")  # port 0: never collides
     assert first.run_id != second.run_id
     assert (first.min_nodes, first.max_nodes, first.nproc_per_node, first.max_restarts) == (1, 1, 3, 0)
@@ -57,9 +39,8 @@ def test_one_machine_meets_on_a_free_port_with_a_fresh_run_id(tmp_path):
 
 
 def test_machines_meet_at_machine_0_with_ranks_in_machine_order(tmp_path):
-    config = launch_config(
-        _spec(tmp_path, num_machines=3, machine_rank=2, main_process_ip="10.0.0.5", main_process_port=29400), 4
-    )
+    config = launch_config(_spec(tmp_path, num_processes=4, num_machines=3, machine_rank=2,
+                                 main_process_ip="10.0.0.5", main_process_port=29400))
     assert (config.min_nodes, config.max_nodes, config.nproc_per_node) == (3, 3, 4)
     assert (config.rdzv_backend, config.rdzv_endpoint) == ("static", "10.0.0.5:29400")
     assert config.rdzv_configs["rank"] == 2  # this machine holds global ranks 8..11, like torchrun --node-rank
@@ -74,10 +55,14 @@ def test_torchrun_is_detected_from_its_environment(monkeypatch):
     assert started_by_external_launcher()
 
 
+def _launch_problems(config: RunConfig) -> list:
+    return launch_problems(config, resolve_hardware(config.hardware))
+
+
 def test_launch_problems_are_reported_together():
     config = RunConfig(hardware=_hardware(kind=HardwareKind.multi_gpu, num_machines=2, machine_rank=2,
                                           start_method=StartMethod.fork, timeout_s=0))
-    problems = {problem.key: problem.message for problem in launch_problems(config)}
+    problems = {problem.key: problem.message for problem in _launch_problems(config)}
     assert problems["hardware.timeout_s"] == "is 0; it must be 1 or more"
     assert "0 .. num_machines-1 (0 .. 1)" in problems["hardware.machine_rank"]
     assert "meets at machine 0's address" in problems["hardware.main_process_ip"]
@@ -86,9 +71,17 @@ def test_launch_problems_are_reported_together():
 
 
 def test_several_processes_need_a_multi_process_kind():
-    (problem,) = launch_problems(RunConfig(hardware=HardwareConfig(kind=HardwareKind.cpu, num_processes=4)))
+    (problem,) = _launch_problems(RunConfig(hardware=HardwareConfig(kind=HardwareKind.cpu, num_processes=4)))
     assert problem.key == "hardware" and "use hardware=multi_cpu or multi_gpu" in problem.message
-    assert launch_problems(RunConfig(hardware=_hardware(num_processes=4))) == []
+    assert _launch_problems(RunConfig(hardware=_hardware(num_processes=4))) == []
+
+
+def test_parallel_none_on_several_processes_is_refused():
+    from runner.config import ParallelConfig, ParallelKind
+
+    config = RunConfig(hardware=_hardware(num_processes=2), parallel=ParallelConfig(kind=ParallelKind.none))
+    (problem,) = _launch_problems(config)
+    assert problem.key == "parallel" and "would train separate copies of the model" in problem.message
 
 
 def _raise(err):

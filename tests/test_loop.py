@@ -8,6 +8,7 @@ from runner.config import TrainerConfig
 from runner.errors import NonFiniteLoss
 from runner.data.batches import TensorBatches
 from runner.loop import Loop, evaluate, planned_steps
+from runner.plan import BatchPlan
 from runner.metrics import NullLogger, Progress
 from runner.models import MLP
 from runner.tasks import Classification
@@ -53,8 +54,9 @@ def _loop(settings: TrainerConfig, rows: int = 64, every_epoch: bool = True, tas
     train = TensorBatches(data, settings.batch_size, shuffle=True, seed=0)
     val = TensorBatches(data, 16, shuffle=False, seed=0)
     logger, checkpointer = RecordingLogger(), RecordingCheckpointer(every_epoch)
-    loop = Loop(accelerator, model, optimizer, None, train, val, task or Classification(), settings, logger,
-                Progress(0, enabled=False), checkpointer)
+    batch = BatchPlan(settings.batch_size, settings.grad_accum_steps or 1, processes=1)
+    loop = Loop(accelerator, model, optimizer, None, train, val, task or Classification(), settings, batch,
+                logger=logger, progress=Progress(0, enabled=False), checkpointer=checkpointer)
     return loop, logger, checkpointer
 
 
@@ -111,9 +113,9 @@ def test_under_fp16_the_scaler_s_skipped_steps_are_not_an_error():
 
 
 def test_planned_steps():
-    assert planned_steps(TrainerConfig(max_epochs=3), batches_per_epoch=10) == (10, 30)
-    assert planned_steps(TrainerConfig(max_epochs=3, max_steps=12), 10) == (10, 12)
-    assert planned_steps(TrainerConfig(max_epochs=2, grad_accum_steps=4), 10) == (2, 4)
+    assert planned_steps(TrainerConfig(max_epochs=3), batches_per_epoch=10, accumulation=1) == (10, 30)
+    assert planned_steps(TrainerConfig(max_epochs=3, max_steps=12), 10, 1) == (10, 12)
+    assert planned_steps(TrainerConfig(max_epochs=2), 10, accumulation=4) == (2, 4)
 
 
 def test_fit_logs_evaluates_and_saves_on_cadence():

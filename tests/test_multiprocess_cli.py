@@ -21,7 +21,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from conftest import ROOT, read_jsonl, read_scalars, run_dirs_under
+from conftest import ROOT, read_jsonl, read_scalars, run_cli, run_dirs_under
 
 SMALL = ("data.num_validation=63", "trainer.progress_bar=false")  # 63: the ranks' eval shards differ in size
 FORK = ("hardware=multi_cpu", "hardware.start_method=fork")
@@ -48,7 +48,7 @@ def _alive(pid: int) -> bool:
 
 def test_two_worker_processes_really_run_and_only_rank_0_writes_shared_files(cli):
     # 288 rows: a dataset no other test generated, so its generation shows up in the output.
-    result = cli(*FORK, *SMALL, "data.num_train=288", "trainer.batch_size=24", "trainer.max_steps=4",
+    result = cli(*FORK, *SMALL, "data.num_train=288", "trainer.batch_size=48", "trainer.max_steps=4",
                  "trainer.log_every_steps=2")
     assert result.returncode == 0, result.output
     run_dir = result.run_dir()
@@ -59,7 +59,8 @@ def test_two_worker_processes_really_run_and_only_rank_0_writes_shared_files(cli
     cores = len(os.sched_getaffinity(0))
     for rank in (0, 1):
         assert f"{max(1, cores // 2)} thread(s)" in _rank_log(run_dir, rank)  # cores shared, not oversubscribed
-        assert "24 per device x 2 process(es) x 1 accumulation step(s) = 48 global" in _rank_log(run_dir, rank)
+        assert ("batch: 48 global per optimizer step = 24 per device x 2 process(es) x 1 accumulation step(s)"
+                in _rank_log(run_dir, rank))
     # Shared artifacts come from rank 0 alone: each logged step once, one checkpoint.
     assert [row["step"] for row in read_jsonl(run_dir / "metrics.jsonl") if "train/loss" in row] == [2, 4]
     assert [step for step, _ in read_scalars(run_dir, "train/loss")] == [2, 4]
@@ -143,27 +144,50 @@ def test_a_sweep_runs_each_job_as_its_own_process_group(cli):
         assert [step for step, _ in read_scalars(job, "val/accuracy")] == [2]
 
 
-def test_two_processes_with_batch_b_train_like_one_process_with_batch_2b(cli, tmp_path):
-    steps = ("data.num_train=256", "trainer.max_steps=4", "trainer.log_every_steps=1", *SMALL)
-    (tmp_path / "one").mkdir()
-    (tmp_path / "two").mkdir()
-    one = cli("hardware=cpu", "trainer.batch_size=64", *steps, cwd=tmp_path / "one")
-    two = cli("hardware=multi_cpu", "trainer.batch_size=32", *steps, cwd=tmp_path / "two")  # spawn, the default
-    assert one.returncode == 0, one.output
-    assert two.returncode == 0, two.output
-    assert "(spawn start)" in two.output
-    weights = [load_file(result.run_dir() / "checkpoints" / "step_00000004" / "model.safetensors")
-               for result in (one, two)]
+@pytest.fixture(scope="module")
+def one_process_reference(tmp_path_factory):
+    """The default recipe on small data, one process: what every other process count must reproduce."""
+    cwd = tmp_path_factory.mktemp("one_process")
+    result = run_cli("hardware=cpu", *INVARIANT, cwd=cwd)
+    assert result.returncode == 0, result.output
+    return result
+
+
+# A global batch of 64 (trainer.batch_size is global): 64 x 1, 32 x 2 or 16 x 4 per device; 63 validation rows
+# split unevenly across the ranks.
+INVARIANT = ("data.num_train=256", "trainer.max_steps=4", "trainer.log_every_steps=1", "trainer.batch_size=64",
+             *SMALL)
+
+
+@pytest.mark.parametrize("processes, start", [(2, "spawn"), (4, "fork")])
+def test_the_same_command_trains_the_same_weights_on_any_number_of_processes(cli, tmp_path, one_process_reference,
+                                                                              processes, start):
+    result = cli("hardware=multi_cpu", f"hardware.num_processes={processes}", f"hardware.start_method={start}",
+                 *INVARIANT)
+    assert result.returncode == 0, result.output
+    assert f"({start} start)" in result.output
+    per_device = 64 // processes
+    assert (f"batch: 64 global per optimizer step = {per_device} per device x {processes} process(es) x 1 "
+            "accumulation step(s)") in (result.run_dir() / "runner_rank0.log").read_text()
+    weights = [load_file(run.run_dir() / "checkpoints" / "step_00000004" / "model.safetensors")
+               for run in (one_process_reference, result)]
     assert weights[0].keys() == weights[1].keys()
     for name in weights[0]:
         torch.testing.assert_close(weights[1][name], weights[0][name], rtol=1e-4, atol=1e-5, msg=name)
-    losses = [[value for _, value in read_scalars(result.run_dir(), "train/loss")] for result in (one, two)]
+    losses = [[value for _, value in read_scalars(run.run_dir(), "train/loss")] for run in (one_process_reference, result)]
     assert len(losses[0]) == 4 and losses[1] == pytest.approx(losses[0], rel=1e-5)
-    # Evaluation over 63 rows split 32 + 31 across the ranks: the same numbers as one process.
+    # Evaluation over 63 rows split unevenly across the ranks: the same numbers as one process.
     for tag in ("val/loss", "val/accuracy"):
-        (_, single), = read_scalars(one.run_dir(), tag)
-        (_, double), = read_scalars(two.run_dir(), tag)
-        assert double == pytest.approx(single, rel=1e-5), tag
+        (_, single), = read_scalars(one_process_reference.run_dir(), tag)
+        (_, several), = read_scalars(result.run_dir(), tag)
+        assert several == pytest.approx(single, rel=1e-5), tag
+
+
+def test_a_global_batch_the_processes_cannot_share_is_refused(cli):
+    result = cli("hardware=multi_cpu", "hardware.num_processes=4", "trainer.batch_size=30", *SMALL)
+    assert result.returncode == 1
+    assert ("trainer.batch_size: is 30, the global batch, which 4 processes cannot share evenly; use a multiple of "
+            "4 (e.g. 32)") in result.stderr
 
 
 def _torchrun(*arguments: str, cwd: Path) -> subprocess.CompletedProcess:

@@ -15,10 +15,10 @@ from runner.checkpoint.checkpointer import (
     restore,
 )
 from runner.checkpoint.files import LATEST, MANIFEST, complete_checkpoints, damage, newest_complete_step, read_pointer
-from runner.checkpoint.resume import AUTO, find_resume
+from runner.checkpoint.resume import AUTO, find_resume, refuse_another_world_size
 
 __all__ = [
     "AUTO", "CONFIG_FILE", "EXPORT_DIR", "LATEST", "MANIFEST", "MODEL_FILE", "STATE_FILE", "Checkpointer",
     "apply_rng", "complete_checkpoints", "config_hash", "damage", "find_resume", "newest_complete_step", "read_pointer",
-    "restore",
+    "refuse_another_world_size", "restore",
 ]

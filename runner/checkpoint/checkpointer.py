@@ -21,6 +21,7 @@ from torch import nn
 
 from runner.checkpoint import files
 from runner.checkpoint.hf_export import export_pretrained
+from runner.checkpoint.resume import refuse_another_world_size
 from runner.checkpoint.rng import capture_rng, restore_rng
 from runner.config import CheckpointConfig, MonitorMode
 from runner.dist import all_gather_object, barrier
@@ -189,13 +190,7 @@ def restore(path: Path, model: nn.Module, optimizer=None, scheduler=None, scaler
     manifest = files.read_manifest(path)
     if manifest is None:
         raise CheckpointError(f"resume: {path} is not a complete checkpoint (no valid {files.MANIFEST})")
-    if manifest["world_size"] != world_size:
-        raise CheckpointError(
-            f"resume: {path} was written by a run with {manifest['world_size']} process(es) and this run has "
-            f"{world_size}. The batch order, the gradient average and the RNG states are per process, so it cannot "
-            f"continue exactly: resume with hardware.num_processes={manifest['world_size']}, or start a new run "
-            f"from its weights ({path / MODEL_FILE})"
-        )
+    refuse_another_world_size(path, world_size)
     if resolved is not None and manifest["config_hash"] != config_hash(resolved):
         _warn_config_changes(path, resolved)
     _load_weights(path, model)

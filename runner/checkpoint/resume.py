@@ -70,6 +70,19 @@ def newest_intact(directory: Path, verify: bool = True) -> Path | None:
     return None
 
 
+def refuse_another_world_size(path: Path, world_size: int) -> None:
+    """Decided in the parent, before any worker starts: a checkpoint continues exactly only on as many processes
+    as wrote it (the batch order, the gradient average and the RNG states are per process)."""
+    manifest = files.read_manifest(path)
+    if manifest is not None and manifest["world_size"] != world_size:
+        raise CheckpointError(
+            f"resume: {path} was written by a run with {manifest['world_size']} process(es) and this run has "
+            f"{world_size}. The batch order, the gradient average and the RNG states are per process, so it cannot "
+            f"continue exactly: resume with hardware.num_processes={manifest['world_size']}, or start a new run "
+            f"from its weights ({path / 'model.safetensors'})"
+        )
+
+
 def _has_damaged(directory: Path) -> bool:
     return any(path.is_dir() for path in directory.glob("step_*"))
 

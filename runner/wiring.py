@@ -1,0 +1,109 @@
+"""The run wiring, in one copy: build the parts of a run from its config, then make the loop that trains them.
+
+    parts = build_parts(config, batch, accelerator)          # model, optimizer, scheduler, batches, task
+    loop = make_loop(parts, config, accelerator, run_dir)      # logger, checkpointer, stop signals, progress
+    loop.fit()
+
+runner/worker.py runs these in each process; the benchmarks and tests call them too, so what they measure is what
+a run does.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from runner.accelerator import Accelerator, set_seed
+from runner.build import build_data, build_model, build_optimizer, build_scheduler, build_task
+from runner.checkpoint import Checkpointer
+from runner.config import RunConfig, plain
+from runner.data.batches import make_batches
+from runner.dist import local_main_first
+from runner.loop import Loop, planned_steps
+from runner.metrics import Progress, make_logger
+from runner.plan import BatchPlan
+from runner.signals import StopSignals
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Parts:
+    """A run's objects, built and prepared. `model` and `optimizer` are the user's own (checkpoints save them);
+    `prepared_*` are what the Accelerator handed back (DDP, scaler and accumulation wrappers)."""
+
+    model: nn.Module
+    optimizer: Any
+    prepared_model: nn.Module
+    prepared_optimizer: Any
+    scheduler: Any
+    train_batches: Any
+    val_batches: Any
+    task: Any
+    total_steps: int
+
+
+def build_parts(config: RunConfig, batch: BatchPlan, accelerator: Accelerator, splits=None) -> Parts:
+    """Everything the loop trains, from the config (`splits`: data already built, e.g. by a benchmark)."""
+    trainer = config.trainer
+    set_seed(config.seed)
+    # fp8 swaps Linear layers for Float8Linear: before the optimizer is built from the parameters.
+    model = accelerator.convert_precision(build_model(config.model))
+    log.info("%s", accelerator.describe())
+    if accelerator.precision.speed_warning():
+        log.warning("%s", accelerator.precision.speed_warning())
+    log.info("%s", batch.describe())
+    optimizer = build_optimizer(config.optimizer, model.parameters())
+    if splits is None:
+        with local_main_first(accelerator.dist):
+            splits = build_data(config.data)
+    train_batches = make_batches(splits["train"], batch.per_device, True, config.seed, trainer.data_in_memory_mb)
+    val_batches = make_batches(splits["validation"], trainer.eval_batch_size or batch.per_device, False, config.seed,
+                               trainer.data_in_memory_mb)
+    task = build_task(config.task)
+    prepared_model, prepared_optimizer, train_batches, val_batches = accelerator.prepare(
+        model, optimizer, train_batches, val_batches
+    )
+    check_fit(task, accelerator, prepared_model, train_batches, config.model)
+    _, total_steps = planned_steps(trainer, len(train_batches), batch.accumulation)
+    scheduler = accelerator.prepare(build_scheduler(config.scheduler, optimizer, total_steps))
+    return Parts(model, optimizer, prepared_model, prepared_optimizer, scheduler, train_batches, val_batches, task,
+                 total_steps)
+
+
+def make_loop(parts: Parts, config: RunConfig, batch: BatchPlan, accelerator: Accelerator, run_dir: Path, *,
+              start_step: int = 0, checkpoints: bool = True) -> Loop:
+    """The loop over the parts, with its logger, checkpointer, stop signals and progress bar (rank 0 writes)."""
+    trainer, is_main = config.trainer, accelerator.is_main_process
+    logger = make_logger(run_dir, is_main, config.logging.tensorboard, config.logging.jsonl, start_step=start_step)
+    checkpointer = (Checkpointer(run_dir, config.checkpoint, writer=is_main, monitor=trainer.monitor,
+                                 monitor_mode=trainer.monitor_mode, world_size=accelerator.num_processes,
+                                 resolved=plain(config))
+                    if checkpoints else Checkpointer.disabled())
+    return Loop(
+        accelerator, parts.prepared_model, parts.prepared_optimizer, parts.scheduler, parts.train_batches,
+        parts.val_batches, parts.task, trainer, batch,
+        logger=logger,
+        progress=Progress(parts.total_steps, enabled=is_main and trainer.progress_bar),
+        checkpointer=checkpointer,
+        stop=StopSignals(config.checkpoint.stop_signals, accelerator.dist.is_distributed),
+    )
+
+
+def check_fit(task, accelerator: Accelerator, model, train_batches, model_node: dict) -> None:
+    """Before the first step, one batch through the model (on every rank, under the run's autocast): a model that
+    does not fit the data fails with the key to change (see Task.check_fit)."""
+    check = getattr(task, "check_fit", None)
+    if check is None:
+        return
+    module = accelerator.unwrap_model(model)
+    module.eval()
+    try:
+        with accelerator.autocast():
+            check(module, next(iter(train_batches)), model_node)
+    finally:
+        module.train()
