@@ -38,7 +38,8 @@ def runner_command(out: Path, processes: int, start_method: str, steps: int, log
     hardware = ["hardware=cpu"] if processes == 1 else [
         "hardware=multi_cpu", f"hardware.num_processes={processes}", f"hardware.start_method={start_method}"]
     return [sys.executable, "-m", "runner", *hardware, f"data.num_train={ROWS}",
-            "data.num_validation=64", f"trainer.batch_size={BATCH}", f"trainer.max_steps={steps}",
+            # trainer.batch_size is global: BATCH per process, like the plain script's --batch-size.
+            "data.num_validation=64", f"trainer.batch_size={BATCH * processes}", f"trainer.max_steps={steps}",
             "trainer.max_epochs=100", f"trainer.log_every_steps={log_every}", "trainer.progress_bar=false",
             "checkpoint.enabled=false", f"hydra.run.dir={out}"]
 

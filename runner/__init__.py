@@ -1,14 +1,19 @@
 """runner: a config-driven PyTorch experiment runner."""
 
 from runner.accelerator import Accelerator, set_seed
-from runner.config import CheckpointConfig, HardwareConfig, LoggingConfig, PrecisionConfig, RunConfig, TrainerConfig
+from runner.config import (
+    CheckpointConfig, HardwareConfig, LoggingConfig, ParallelConfig, PrecisionConfig, RunConfig, TrainerConfig,
+)
+from runner.parallel import DistributedDataParallelKwargs
 from runner.errors import CheckpointError, ConfigError, DataError, HardwareError, LaunchError, RunnerError
 
 __all__ = [
     "Accelerator",
+    "DistributedDataParallelKwargs",
     "set_seed",
     "RunConfig",
     "HardwareConfig",
+    "ParallelConfig",
     "PrecisionConfig",
     "TrainerConfig",
     "CheckpointConfig",

@@ -134,6 +134,9 @@ def refusal(key: str, node: dict[str, Any], cause: BaseException) -> ConfigError
     if isinstance(cause, TypeError) and unexpected and unexpected.group(1) in node:
         return ConfigError(f"{key}.{unexpected.group(1)}", f"is not an argument of {node.get('_target_')}; "
                                                            f"{_arguments(node.get('_target_'))}")
+    missing = re.search(r"missing \d+ required positional arguments?: '(\w+)'", message)
+    if isinstance(cause, TypeError) and missing:
+        return ConfigError(f"{key}.{missing.group(1)}", f"is required by {node.get('_target_')} and not set")
     for name in node:
         if name.startswith("_"):
             continue

@@ -26,7 +26,7 @@ from runner.config import RunConfig, RunSpec, plain, register_configs
 from runner.devices import resolve_hardware
 from runner.dist import writes_run_dir
 from runner.errors import (
-    INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, ConfigError, Preempted, RunnerError, no_stray_tracebacks,
+    INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, ConfigError, Preempted, Problem, RunnerError, no_stray_tracebacks,
     write_failure,
 )
 from runner.launch import launch
@@ -176,7 +176,7 @@ def run_task(cfg: DictConfig, run_dir: rundir.RunDir | None = None) -> float:
             if not run_dir.locked and writes_run_dir(spec.config.hardware.machine_rank):
                 run_dir.lock()
             if spec.config.resume == "auto":
-                done = finished_result(run_dir.path, list(hydra.overrides.task))
+                done = finished_result(run_dir.path, _task_overrides(hydra))
                 if done is not None:
                     log.info("resume=auto: %s already finished with %s=%.4f; not running it again", run_dir.path,
                              done.monitor, done.value)
@@ -185,7 +185,8 @@ def run_task(cfg: DictConfig, run_dir: rundir.RunDir | None = None) -> float:
         final = launch(spec)
         value = monitored_value(final, spec.config.trainer.monitor)
     except RunnerError as err:
-        return _fail(with_sources(err, cfg), run_dir, multirun)
+        err = with_recipe(with_sources(err, cfg), hydra.runtime.choices, _task_overrides(hydra))
+        return _fail(err, run_dir, multirun)
     except Preempted as stop:
         run_dir.unlock()
         again = f"; continue with the same command plus resume=auto hydra.run.dir={run_dir.path}" if stop.step else ""
@@ -198,6 +199,11 @@ def run_task(cfg: DictConfig, run_dir: rundir.RunDir | None = None) -> float:
     run_dir.unlock()
     log.info("final %s | run dir %s", ", ".join(f"{k}={v:.4f}" for k, v in final.items()), run_dir.path)
     return value
+
+
+def _task_overrides(hydra) -> list[str]:
+    """The command line's overrides as typed (an override like `lr=${x}` stays text, never resolved)."""
+    return [str(item) for item in OmegaConf.to_container(hydra.overrides.task, resolve=False)]
 
 
 def preflight(spec: RunSpec) -> RunSpec:
@@ -218,6 +224,23 @@ def preflight(spec: RunSpec) -> RunSpec:
     _write_config(run_dir, plain(config), resume_from)
     return replace(spec, config=config, hardware=hardware, batch=batch_plan(config.trainer, hardware.world_size),
                    resume_from=str(resume_from) if resume_from else None)
+
+
+def load(overrides: list[str]) -> RunSpec:
+    """A config composed, frozen and resolved for this machine (hardware and batch plan), without running it or
+    writing anything: for the tools (runner.validate's command line, the plan). Raises the run's own errors."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    try:
+        with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+            cfg = compose(CONFIG_NAME, overrides=list(overrides))
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ConfigError("config", composition_error(err, list(overrides))) from None
+    spec = freeze(cfg, Path.cwd())
+    hardware = resolve_hardware(spec.config.hardware, spec.config.gpu_ids)
+    check(spec.config, hardware)
+    return replace(spec, hardware=hardware, batch=batch_plan(spec.config.trainer, hardware.world_size))
 
 
 def freeze(cfg: DictConfig, run_dir: Path) -> RunSpec:
@@ -251,9 +274,28 @@ def with_sources(err: RunnerError, cfg: DictConfig) -> RunnerError:
     if not isinstance(err, ConfigError):
         return err
     sources = interpolation_sources(OmegaConf.to_container(cfg, resolve=False))
-    problems = [replace(problem, key=f"{problem.key} (from {sources[problem.key]})") if problem.key in sources
-                else problem for problem in err.problems]
+    problems = [replace(problem, key=f"{problem.key} (from {sources[problem.key]})")
+                if problem.key in sources and not problem.message.startswith("is not an argument") else problem
+                for problem in err.problems]
     return ConfigError(problems) if problems != err.problems else err
+
+
+# Groups that build a target: a recipe written for one option of them may not fit another.
+TARGET_GROUPS = ("model", "optimizer", "scheduler", "data", "task", "tokenizer")
+
+
+def with_recipe(err: RunnerError, choices, overrides: list[str]) -> RunnerError:
+    """A recipe's group swapped on the command line (recipe=reverse model=mlp) that does not fit what the recipe
+    sets: say so, naming the recipe and the pair, after the problem itself."""
+    swapped = [item for item in overrides if item.split("=", 1)[0].lstrip("+~") in TARGET_GROUPS and "=" in item]
+    if not isinstance(err, ConfigError) or not swapped or not any(
+            problem.key.split(".")[0].split("[")[0] in (*TARGET_GROUPS, "trainer") for problem in err.problems):
+        return err
+    recipe, pairs = choices.get("recipe"), " ".join(swapped)
+    note = Problem("recipe", f"{recipe} is written for its own groups, and {pairs} (from the command line) does not fit "
+                             f"what it sets: recipe={recipe} and {pairs} do not go together; use a recipe written for "
+                             f"{pairs} (`python -m runner --info defaults` lists the choices) or set the keys above")
+    return ConfigError([*err.problems, note])
 
 
 def interpolation_sources(node, prefix: str = "") -> dict[str, str]:

@@ -123,7 +123,7 @@ def _sweep_dir(config: DictConfig) -> Path:
 
 
 def _overrides(config: DictConfig) -> list[str]:
-    return [str(item) for item in OmegaConf.to_container(config.hydra.overrides.task)]
+    return [str(item) for item in OmegaConf.to_container(config.hydra.overrides.task, resolve=False)]
 
 
 def _mode(config: DictConfig) -> str:

@@ -39,6 +39,8 @@ class Task:
 
     def flat_logits_and_targets(self, model: nn.Module, batch: dict[str, torch.Tensor]):
         logits, targets = model(batch[self.input_key]), batch[self.target_key]
+        if not isinstance(logits, torch.Tensor):  # a transformers model's output object
+            logits = logits.logits
         # Reshape only when needed: even a no-op reshape adds a view and an autograd node, ~10 us a step on CPU.
         if logits.dim() != 2:
             logits = logits.reshape(-1, logits.shape[-1])
@@ -55,6 +57,10 @@ class Task:
         """One batch through the model before training: a model that cannot take the data, or fewer outputs than
         the data has classes, fails here with the model key to change, not as a traceback at the first step.
         A model on the meta device (runner.validate) gets the batch there too: shapes only, no arithmetic."""
+        for role, key in (("input_key", self.input_key), ("target_key", self.target_key)):
+            if key not in batch:
+                raise ConfigError(f"task.{role}", f"'{key}' is not a column of the data's batches; they hold "
+                                                  f"{', '.join(batch)}")
         inputs = batch[self.input_key]
         on_meta = any(parameter.is_meta for parameter in model.parameters())
         forward_batch = {key: value.to("meta") for key, value in batch.items()} if on_meta else batch

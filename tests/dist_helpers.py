@@ -82,3 +82,15 @@ def step_at_which_ranks_stop(signal_rank: int, signal_after_step: int) -> int:
             if stop.requested():
                 return step
     return -1
+
+
+class WithAnUnusedLayer(nn.Module):
+    """SeqTransformer plus a layer the forward never uses: DDP needs parallel.find_unused_parameters for it."""
+
+    def __init__(self, **model_kwargs):
+        super().__init__()
+        self.model = SeqTransformer(**model_kwargs)
+        self.unused = nn.Linear(4, 4)
+
+    def forward(self, tokens):
+        return self.model(tokens)

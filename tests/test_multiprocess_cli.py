@@ -263,3 +263,17 @@ def test_machines_with_different_configs_refuse_to_train_and_show_the_diff(tmp_p
         assert "resolved a different config than rank 0" in output
         assert "\n-optimizer.lr = 0.003\n+optimizer.lr = 0.5\n" in output
         assert "every machine must run the same command" in output
+
+
+def test_a_model_with_an_unused_parameter_needs_find_unused_parameters_and_then_trains(cli, tmp_path):
+    unused = ("model._target_=dist_helpers.WithAnUnusedLayer", "allowed_targets=[runner.,torch.,dist_helpers.]",
+              *FORK, *SMALL, "data.num_train=256", "trainer.max_steps=3")
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "told").mkdir()
+    plain = cli(*unused, env=HELPERS_ENV, cwd=tmp_path / "plain")
+    assert plain.returncode == 1
+    assert "parallel.find_unused_parameters: some parameters of the model got no gradient" in plain.stderr
+    assert "set parallel.find_unused_parameters=true" in plain.stderr and "Traceback" not in plain.output
+    told = cli(*unused, "parallel.find_unused_parameters=true", env=HELPERS_ENV, cwd=tmp_path / "told")
+    assert told.returncode == 0, told.output
+    assert [step for step, _ in read_scalars(told.run_dir(), "val/accuracy")] == [3]

@@ -72,10 +72,11 @@ def test_gpu_ids_is_applied_before_cuda_initialises_in_this_process():
     last = torch.cuda.device_count() - 1
     code = (
         "import torch\n"
-        "from runner.config import HardwareKind\n"
-        "from runner.devices import apply_gpus, select_gpus, hardware_problems\n"
-        f"apply_gpus(select_gpus(HardwareKind.gpu, [{last}], 1))\n"
-        "assert hardware_problems(HardwareKind.gpu) == []\n"
+        "from runner.config import HardwareConfig, HardwareKind\n"
+        "from runner.devices import resolve_hardware\n"
+        f"hardware = resolve_hardware(HardwareConfig(kind=HardwareKind.gpu), [{last}])\n"
+        "hardware.apply()\n"
+        "assert hardware.problems == (), hardware.problems\n"
         "print(torch.cuda.device_count())\n"
     )
     env = {key: value for key, value in os.environ.items() if key != "CUDA_VISIBLE_DEVICES"}
