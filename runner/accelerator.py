@@ -66,6 +66,9 @@ class Accelerator:
         if hardware is None:
             hardware = for_device("cpu" if cpu else device) if (cpu or device is not None) else this_process()
         self.hardware = hardware
+        # Started by torchrun, srun or runner.launch: join the group here (Accelerate's Accelerator() does too);
+        # a group the script (or the runner's worker) already made is kept.
+        distributed.join_group(hardware.backend)
         self.xla = None
         if hardware.device_type == "xla":
             from runner.xla import Xla

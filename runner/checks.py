@@ -66,12 +66,20 @@ def monitor_problems(config: RunConfig) -> list[Problem]:
 def launch_problems(config: RunConfig, resolved: Hardware) -> list[Problem]:
     """Process counts, machines, rendezvous and timeouts that cannot work together."""
     hardware, problems = config.hardware, []
+    if hardware.max_restarts < 0:
+        problems.append(Problem("hardware.max_restarts", f"is {hardware.max_restarts}; it must be 0 or more"))
     for name in ("num_processes", "threads_per_process", "num_machines", "timeout_s", "shutdown_timeout_s"):
         value = getattr(hardware, name)
         if value is not None and value < 1:
             problems.append(Problem(f"hardware.{name}", f"is {value}; it must be 1 or more"))
     several = KINDS[resolved.kind].several_processes
-    if not several and not resolved.external_launcher and resolved.multi_process:
+    if not several and resolved.external_launcher and resolved.multi_process:
+        problems.append(
+            Problem("hardware", f"{resolved.kind.value} runs one process, but the launcher (torchrun or srun) started "
+                    f"{resolved.world_size}: each would train the whole run on its own. Use hardware=multi_cpu or "
+                    "multi_gpu, or start one task")
+        )
+    elif not several and resolved.multi_process:
         problems.append(
             Problem("hardware", f"{resolved.kind.value} runs one process on one machine; for num_processes="
                     f"{hardware.num_processes}, num_machines={hardware.num_machines} use hardware=multi_cpu or multi_gpu")

@@ -24,7 +24,7 @@ from runner.checks import check
 from runner.checkpoint import find_resume, refuse_another_world_size
 from runner.config import RunConfig, RunSpec, plain, register_configs
 from runner.devices import resolve_hardware
-from runner.dist import writes_run_dir
+from runner.dist import adopt_slurm_tasks, restart_count, writes_run_dir
 from runner.errors import (
     INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, ConfigError, Preempted, Problem, RunnerError, no_stray_tracebacks,
     write_failure,
@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     from hydra._internal.utils import get_args_parser
 
     no_stray_tracebacks()
+    adopt_slurm_tasks()  # srun's tasks become the ranks before anything reads RANK (the run dir, the lock)
     parser = get_args_parser()
     args = parser.parse_intermixed_args(argv)  # `k=v -cd DIR k=v` as well as options first
     if any(getattr(args, flag, None) for flag in NOT_A_RUN):
@@ -175,7 +176,9 @@ def run_task(cfg: DictConfig, run_dir: rundir.RunDir | None = None) -> float:
             spec = freeze(cfg, run_dir.path)
             if not run_dir.locked and writes_run_dir(spec.config.hardware.machine_rank):
                 run_dir.lock()
-            if spec.config.resume == "auto":
+            # Several machines decide "finished" together, from the checkpoint every rank loads (runner/worker.py):
+            # one machine alone skipping would leave the others waiting for it at the rendezvous.
+            if spec.config.resume == "auto" and spec.config.hardware.num_machines == 1:
                 done = finished_result(run_dir.path, _task_overrides(hydra))
                 if done is not None:
                     log.info("resume=auto: %s already finished with %s=%.4f; not running it again", run_dir.path,
@@ -218,10 +221,13 @@ def preflight(spec: RunSpec) -> RunSpec:
     # config.yaml records the process count the run used (a null num_processes resolved here).
     config = replace(config, hardware=replace(config.hardware, num_processes=hardware.processes_per_machine))
     run_dir = Path(spec.run_dir)
-    resume_from = find_resume(config.resume, run_dir, config.checkpoint.verify)
+    # A restarted group (torchrun --max-restarts) continues from its newest checkpoint on its own.
+    resume = config.resume or ("auto" if restart_count() > 0 else None)
+    resume_from = find_resume(resume, run_dir, config.checkpoint.verify)
     if resume_from is not None:
         refuse_another_world_size(resume_from, hardware.world_size)
-    _write_config(run_dir, plain(config), resume_from)
+    if writes_run_dir(config.hardware.machine_rank):  # one writer, also when machines share the run dir
+        _write_config(run_dir, plain(config), resume_from)
     return replace(spec, config=config, hardware=hardware, batch=batch_plan(config.trainer, hardware.world_size),
                    resume_from=str(resume_from) if resume_from else None)
 

@@ -81,7 +81,11 @@ class HardwareConfig:
     timeout_s: int = 600
     """Seconds a rank waits for its peers (to join the rendezvous, or in a collective) before the run fails."""
     shutdown_timeout_s: int = 10
-    """When a rank fails, seconds the other workers get to exit after SIGTERM before they are killed."""
+    """Seconds workers get to exit after SIGTERM before they are killed (when a rank failed, its peers end
+    themselves within about a second anyway)."""
+    max_restarts: int = 0
+    """Restart this machine's workers up to N times when one fails; each restart continues from the newest intact
+    checkpoint (as `torchrun --max-restarts` does for a run it started)."""
 
 
 class ParallelKind(str, Enum):

@@ -64,6 +64,7 @@ class Hardware:
     threads_per_process: int | None = None
     timeout_s: int = 600
     shutdown_timeout_s: int = 10
+    max_restarts: int = 0
     main_process_ip: str | None = None
     main_process_port: int | None = None
     problems: tuple[Problem, ...] = field(default=(), compare=False)
@@ -127,6 +128,10 @@ def resolve_hardware(settings: HardwareConfig, gpu_ids=None) -> Hardware:
         processes = settings.num_processes or meaning.default_processes or max(1, len(selection.physical or ()))
         machines = settings.num_machines
     problems = list(selection.problems)
+    if external and settings.num_processes is not None and settings.num_processes != processes:
+        problems.append(Problem("hardware.num_processes", f"is {settings.num_processes}, but the launcher (torchrun "
+                                f"or srun) started {processes} process(es) on this machine; leave it null, or start "
+                                f"{settings.num_processes}"))
     if not problems and selection.physical is not None and meaning.device_type == "cuda":
         problems += _count_problems(kind, gpu_ids, selection.physical, processes if meaning.several_processes else 1)
     hardware = Hardware(
@@ -134,7 +139,8 @@ def resolve_hardware(settings: HardwareConfig, gpu_ids=None) -> Hardware:
         machine_rank=settings.machine_rank, physical_gpus=tuple(selection.physical or ()),
         cuda_visible_devices=selection.export, external_launcher=external, start_method=settings.start_method,
         threads_per_process=settings.threads_per_process, timeout_s=settings.timeout_s,
-        shutdown_timeout_s=settings.shutdown_timeout_s, main_process_ip=settings.main_process_ip,
+        shutdown_timeout_s=settings.shutdown_timeout_s, max_restarts=settings.max_restarts,
+        main_process_ip=settings.main_process_ip,
         main_process_port=settings.main_process_port,
     )
     return _with_problems(hardware, problems + _presence_problems(hardware, settings))

@@ -58,8 +58,62 @@ class DistInfo:
 
 
 def started_by_external_launcher() -> bool:
-    """torchrun / SLURM-via-torchrun already started one process per rank: the runner starts none."""
+    """torchrun (or srun, see adopt_slurm_tasks) already started one process per rank: the runner starts none."""
     return "TORCHELASTIC_RUN_ID" in os.environ or "RANK" in os.environ
+
+
+def adopt_slurm_tasks() -> bool:
+    """Tasks that srun started (`srun -n 2 python -m runner ...`, submitit with tasks_per_node > 1) are the ranks:
+    give them the variables torchrun would (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+    MASTER_PORT) from SLURM's own, so everything after reads one convention. A no-op under torchrun, outside
+    SLURM, and for a single task (a job script that runs the runner once and lets it start its own processes)."""
+    env = os.environ
+    if "RANK" in env or "SLURM_PROCID" not in env or int(env.get("SLURM_NTASKS", "1")) <= 1:
+        return False
+    world = int(env["SLURM_NTASKS"])
+    nodes = max(1, int(env.get("SLURM_NNODES", env.get("SLURM_JOB_NUM_NODES", "1"))))
+    env["RANK"], env["WORLD_SIZE"] = env["SLURM_PROCID"], str(world)
+    env["LOCAL_RANK"] = env.get("SLURM_LOCALID", "0")
+    env["LOCAL_WORLD_SIZE"] = str(_tasks_on_this_node(env.get("SLURM_TASKS_PER_NODE"), world // nodes))
+    env.setdefault("MASTER_ADDR", first_host(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+                                             or "localhost"))
+    # The same port on every task without talking first: derived from the job (and step), in the ephemeral-free
+    # range; set MASTER_PORT to choose it.
+    job = int(env.get("SLURM_JOB_ID", "0")) * 8 + int(env.get("SLURM_STEP_ID", "0") or 0)
+    env.setdefault("MASTER_PORT", str(20000 + job % 20000))
+    return True
+
+
+def _slurm_step_id() -> str | None:
+    env = os.environ
+    if "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1 and "TORCHELASTIC_RUN_ID" not in env:
+        return f"slurm-{env.get('SLURM_JOB_ID', '0')}.{env.get('SLURM_STEP_ID', '0')}"
+    return None
+
+
+def _tasks_on_this_node(tasks_per_node: str | None, default: int) -> int:
+    """SLURM_TASKS_PER_NODE as SLURM writes it ("2", "2(x3)", "3,2"): the first node's count."""
+    if not tasks_per_node:
+        return max(1, default)
+    return int(tasks_per_node.split(",")[0].split("(")[0])
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a SLURM node list ("node[03-05,09]" -> "node03", "a,b" -> "a"): rank 0's node."""
+    import re
+
+    head = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
+    if head is None:
+        return nodelist
+    name, ranges = head.group(1), head.group(2)
+    if not ranges:
+        return name
+    return name + ranges.split(",")[0].split("-")[0]
+
+
+def restart_count() -> int:
+    """How often the elastic agent (torchrun --max-restarts, hardware.max_restarts) restarted this group."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
 def external_rank() -> int | None:
@@ -75,14 +129,14 @@ def writes_run_dir(machine_rank: int) -> bool:
 
 
 def external_run_id() -> str | None:
-    """An id shared by every rank of one torchrun launch on this machine, or None outside torchrun.
+    """An id shared by every rank of one torchrun launch (or srun step) on this machine, or None otherwise.
 
     torchrun's TORCHELASTIC_RUN_ID is a fresh uuid with --standalone or a single-node default rendezvous, but the
     literal "none" when --rdzv-id is not given otherwise (e.g. --master-port, several nodes): then the ranks'
     common parent, torchrun's agent, tells launches apart."""
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
     if run_id is None:
-        return None
+        return _slurm_step_id()
     if run_id != "none":
         return run_id
     return f"torchrun-{time.strftime('%Y%m%d')}-{socket.gethostname()}-{os.getppid()}"
@@ -93,6 +147,15 @@ def init_process_group(info: DistInfo, backend: str | None, timeout_s: float = 1
     as under torchrun. `timeout_s` bounds how long a collective waits for a peer that is gone or stuck."""
     if info.is_distributed and not torch_dist.is_initialized():
         torch_dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+
+
+def join_group(backend: str | None) -> None:
+    """Join the group when a launcher started this process as one of several (its variables say so) and nobody
+    has yet; the group made here is destroyed when the process exits."""
+    info = DistInfo.from_env()
+    if info.is_distributed and not torch_dist.is_initialized():
+        init_process_group(info, backend)
+        atexit.register(destroy_process_group)
 
 
 def peer_store(run_dir: str):
@@ -125,14 +188,31 @@ def keep_process_group_until_exit() -> None:
     atexit.register(destroy_process_group)
 
 
-def barrier() -> None:
+def single_process() -> bool:
+    """True when there is no group because there is one process. Several processes without a group would make
+    every collective silently act on this process's data alone: that is an error, not a single process."""
     if torch_dist.is_initialized():
+        return False
+    info = DistInfo.from_env()
+    if info.is_distributed:
+        from runner.errors import LaunchError
+
+        raise LaunchError(
+            f"this is process {info.rank} of {info.world_size} (WORLD_SIZE is set), but it has not joined the process "
+            "group, so a collective would act on this process's data alone; create a runner.Accelerator() first "
+            "(it joins the group) or call torch.distributed.init_process_group()"
+        )
+    return True
+
+
+def barrier() -> None:
+    if not single_process():
         torch_dist.barrier()
 
 
 def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
     """Reduce a tensor over all processes in place: "sum", "mean", "max" or "min" (a no-op in a single process)."""
-    if not torch_dist.is_initialized():
+    if single_process():
         return tensor
     if op == "mean":
         torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.SUM)
@@ -143,7 +223,7 @@ def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
 
 def all_gather_cat(tensor: torch.Tensor) -> torch.Tensor:
     """Every process's tensor concatenated along dim 0, in rank order; first dims may differ between processes."""
-    if not torch_dist.is_initialized():
+    if single_process():
         return tensor
     world = torch_dist.get_world_size()
     tensor = tensor.reshape(1) if tensor.dim() == 0 else tensor
@@ -171,14 +251,14 @@ def set_cuda_visible_devices(value: str) -> None:
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     """Sum a tensor over all processes (in place; a no-op in a single process)."""
-    if torch_dist.is_initialized():
+    if not single_process():
         torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.SUM)
     return tensor
 
 
 def all_gather_object(obj: Any) -> list[Any]:
     """Every rank's `obj`, in rank order (just [obj] in a single process)."""
-    if not torch_dist.is_initialized():
+    if single_process():
         return [obj]
     gathered: list[Any] = [None] * torch_dist.get_world_size()
     torch_dist.all_gather_object(gathered, obj)

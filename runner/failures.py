@@ -106,7 +106,9 @@ def root_cause(failures: dict[int, object]) -> tuple[int, str]:
 
     def message(failure) -> str:
         data = failure.message
-        return data.get("message", "") if isinstance(data, dict) else str(data or "")
+        text = data.get("message", "") if isinstance(data, dict) else str(data or "")
+        # torch's placeholder when a process left no error file (a script without @record, a crash).
+        return "" if text.startswith("To enable traceback see") else text
 
     def category(item) -> tuple[float, int, int]:
         rank, failure = item

@@ -29,15 +29,10 @@ class DistributedDataParallelKwargs:
 
 
 def ddp_arguments(settings: ParallelConfig) -> dict:
-    arguments = {
-        "find_unused_parameters": settings.find_unused_parameters,
-        "static_graph": settings.static_graph,
-        "gradient_as_bucket_view": settings.gradient_as_bucket_view,
-        "broadcast_buffers": settings.broadcast_buffers,
-    }
-    if settings.bucket_cap_mb is not None:
-        arguments["bucket_cap_mb"] = settings.bucket_cap_mb
-    return arguments
+    """The settings that differ from DDP's defaults (torch 2.13 warns about broadcast_buffers passed at all)."""
+    defaults = ParallelConfig()
+    names = ("find_unused_parameters", "static_graph", "gradient_as_bucket_view", "bucket_cap_mb", "broadcast_buffers")
+    return {name: getattr(settings, name) for name in names if getattr(settings, name) != getattr(defaults, name)}
 
 
 def wrap(model: nn.Module, settings: ParallelConfig, device: torch.device, distributed: bool) -> nn.Module:

@@ -23,7 +23,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from runner import report
-from runner.dist import DistInfo, started_by_external_launcher
+from runner.dist import started_by_external_launcher, writes_run_dir
 from runner.errors import LaunchError
 
 log = logging.getLogger("runner")
@@ -63,8 +63,8 @@ class SweepReport(Callback):
         )
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
-        if not DistInfo.from_env().is_main:
-            return  # under torchrun every rank runs the job; one of them records it
+        if not _writes(config):
+            return  # every rank (torchrun) or machine runs the job; one of them records it
         result = self._skipped or self._result(config, job_return)
         if self._skipped is None:
             report.write_result(result)
@@ -74,7 +74,7 @@ class SweepReport(Callback):
             report.write_report(sweep_dir, config.trainer.monitor, _mode(config))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        if not DistInfo.from_env().is_main:
+        if not _writes(config):
             return
         sweep_dir = _sweep_dir(config)
         results = report.write_report(sweep_dir, config.trainer.monitor, _mode(config))
@@ -108,6 +108,10 @@ def refuse_search_under_torchrun(config: DictConfig) -> None:
         )
         print(f"runner: error: {err}", file=sys.stderr)
         raise SystemExit(1)  # a callback's ordinary exceptions are only warned about by Hydra
+
+
+def _writes(config: DictConfig) -> bool:
+    return writes_run_dir(int(OmegaConf.select(config, "hardware.machine_rank", default=0) or 0))
 
 
 def _make_storage_dir(storage: Any) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from runner.accelerator import Accelerator
 from runner.build import build_data
 from runner.checkpoint import apply_rng, restore
+from runner.checkpoint.resume import newest_intact
 from runner.config import RunConfig, RunSpec, plain
 from runner.dist import (
     DistInfo,
@@ -20,6 +21,7 @@ from runner.dist import (
     init_process_group,
     keep_process_group_until_exit,
     peer_store,
+    restart_count,
     threads_per_process,
 )
 from runner.errors import (
@@ -40,10 +42,14 @@ PEER_REPORT_WAIT_S = 2.0  # how long a rank that lost its peer waits for that pe
 def run(spec: RunSpec, keep_process_group: bool = False) -> dict[str, float]:
     """Entry point of every worker, in-process or started by a launcher. Returns final metrics."""
     dist = DistInfo.from_env()
-    peers = _peers(dist, spec.run_dir)
+    peers = NoPeers()
     try:
-        with stop_during_startup(), peers:
-            return _run(spec, dist, peers, keep_process_group)
+        with stop_during_startup():
+            _join(spec, dist, keep_process_group)
+            # After the group exists: under srun rank 0 hosts the store the peers meet at.
+            peers = _peers(dist, spec.run_dir)
+            with peers:
+                return _run(spec, dist, peers, keep_process_group)
     except Preempted:
         peers.leave("stopped")
         raise
@@ -63,8 +69,9 @@ def _peers(dist: DistInfo, run_dir: str):
     return Peers(store, dist.rank, dist.world_size) if store is not None else NoPeers()
 
 
-def _run(spec: RunSpec, dist: DistInfo, peers, keep_process_group: bool) -> dict[str, float]:
-    hardware, config = spec.hardware, spec.config
+def _join(spec: RunSpec, dist: DistInfo, keep_process_group: bool) -> None:
+    """This process's share of the machine's cores, and its place in the process group."""
+    hardware = spec.hardware
     if dist.is_distributed:
         import torch
 
@@ -74,6 +81,10 @@ def _run(spec: RunSpec, dist: DistInfo, peers, keep_process_group: bool) -> dict
     init_process_group(dist, hardware.backend, hardware.timeout_s)
     if keep_process_group:
         keep_process_group_until_exit()
+
+
+def _run(spec: RunSpec, dist: DistInfo, peers, keep_process_group: bool) -> dict[str, float]:
+    hardware, config = spec.hardware, spec.config
     mismatch = config_mismatch(plain(config)) if dist.is_distributed else None
     if mismatch:
         raise LaunchError(f"{mismatch}\n  every machine must run the same command (only machine_rank may differ)")
@@ -90,11 +101,12 @@ def _run(spec: RunSpec, dist: DistInfo, peers, keep_process_group: bool) -> dict
 def train(spec: RunSpec, accelerator: Accelerator, peers=None) -> dict[str, float]:
     """Build the parts, restore a checkpoint if the parent chose one, make the loop, fit."""
     config, run_dir = spec.config, Path(spec.run_dir)
+    resume_from = _resume_point(spec)
     parts = build_parts(config, spec.batch, accelerator)
-    restored = _restore(spec.resume_from, parts, accelerator, config) if spec.resume_from else None
+    restored = _restore(resume_from, parts, accelerator, config) if resume_from else None
     if restored and is_finished(restored["loop"]["step"], restored["loop"]["epoch"], parts.total_steps,
                                 config.trainer.max_epochs):
-        log.info("the run already finished at step %d (%s); nothing to do", restored["loop"]["step"], spec.resume_from)
+        log.info("the run already finished at step %d (%s); nothing to do", restored["loop"]["step"], resume_from)
         return dict(restored["loop"]["last_metrics"])
     loop = make_loop(parts, config, spec.batch, accelerator, run_dir,
                      start_step=restored["loop"]["step"] if restored else 0)
@@ -118,6 +130,17 @@ def train(spec: RunSpec, accelerator: Accelerator, peers=None) -> dict[str, floa
     finally:
         loop.logger.close()
     return final
+
+
+def _resume_point(spec: RunSpec) -> str | None:
+    """The checkpoint the parent chose; after the elastic agent restarted this group (hardware.max_restarts), the
+    newest intact one in the run dir instead, so a restart continues where the failed attempt got to."""
+    if restart_count() == 0:
+        return spec.resume_from
+    newest = newest_intact(Path(spec.run_dir) / "checkpoints", spec.config.checkpoint.verify)
+    if newest is not None:
+        log.info("restart %d: continuing from %s", restart_count(), newest)
+    return str(newest) if newest is not None else spec.resume_from
 
 
 def _restore(resume_from: str, parts: Parts, accelerator: Accelerator, config: RunConfig) -> dict:

@@ -21,10 +21,13 @@ class FaultySeqTransformer(nn.Module):
     enough to signal or kill its launcher."""
 
     def __init__(self, fail_rank: int = -1, fail_at_forward: int = 0, sleep_s: float = 0.0, hang_rank: int = -1,
-                 hang_at_forward: int = 0, **model_kwargs):
+                 hang_at_forward: int = 0, fail_attempt: int | None = None, **model_kwargs):
         super().__init__()
         self.model = SeqTransformer(**model_kwargs)
         self.fail_rank, self.fail_at_forward, self.sleep_s = fail_rank, fail_at_forward, sleep_s
+        # fail_attempt: fail only in that attempt of the group (TORCHELASTIC_RESTART_COUNT), e.g. 0: the first.
+        if fail_attempt is not None and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) != fail_attempt:
+            self.fail_rank = -1
         self.hang_rank, self.hang_at_forward = hang_rank, hang_at_forward
         self.training_forwards = 0
 

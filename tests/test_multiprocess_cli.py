@@ -240,8 +240,9 @@ def _two_machines(tmp_path: Path, *extra_for_machine_1: str) -> list[tuple[int, 
 
 
 def _only_run_dir(cwd: Path) -> Path:
-    (run_dir,) = run_dirs_under(cwd)
-    return run_dir
+    """The one run dir under cwd (machine 1's holds Hydra's record but no config.yaml: only machine 0 writes it)."""
+    (hydra_record,) = (cwd / "outputs").rglob(".hydra")
+    return hydra_record.parent
 
 
 def test_two_machines_meet_at_machine_0s_rendezvous(tmp_path):
@@ -252,6 +253,7 @@ def test_two_machines_meet_at_machine_0s_rendezvous(tmp_path):
     assert "rank 0 of 2" in _rank_log(main, 0) and "rank 1 of 2" in _rank_log(other, 1)  # ranks in machine order
     assert (main / "metrics.jsonl").is_file() and (main / "checkpoints").is_dir()
     assert not (other / "metrics.jsonl").exists() and not (other / "checkpoints").exists()
+    assert (main / "config.yaml").is_file() and not (other / "config.yaml").exists()  # run-level files: machine 0
     finals = [re.search(r"final (.*) \| run dir", out).group(1) for out in (out0, out1)]
     assert finals[0] == finals[1]  # both machines return the same gathered metrics
 

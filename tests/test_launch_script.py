@@ -1,0 +1,141 @@
+"""A user's own script on N processes: `python -m runner.launch`, torchrun and plain python run the same
+hand-written loop (runner.Accelerator joins the group itself) to the same weights; srun's tasks become the ranks
+of one run; a restarted group continues from its newest checkpoint."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import ROOT, read_jsonl, run_cli, run_dirs_under
+from runner.launch import split_command
+
+SCRIPT = ROOT / "tests" / "scripts" / "handwritten_train.py"
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+def _run(*command: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *command], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("plain") / "weights.pt"
+    done = _run(str(SCRIPT), "--batch-size", "32", "--out", str(out), cwd=out.parent)
+    assert done.returncode == 0, done.stderr
+    return torch.load(out)
+
+
+def _assert_same_training(result: dict, reference: dict) -> None:
+    assert result["processes"] == 2 and reference["processes"] == 1
+    assert result["losses"] == pytest.approx(reference["losses"], rel=1e-5)
+    for name, value in reference["weights"].items():
+        torch.testing.assert_close(result["weights"][name], value, rtol=1e-5, atol=1e-6)
+
+
+def test_runner_launch_runs_the_readme_loop_on_two_processes_like_one_with_the_whole_batch(tmp_path, one_process):
+    done = _run("-m", "runner.launch", "hardware=multi_cpu", str(SCRIPT), "--batch-size", "16", "--out", "w.pt",
+                cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "runner: 2 process(es) of" in done.stderr
+    _assert_same_training(torch.load(tmp_path / "w.pt"), one_process)
+    assert sorted(path.parent.name for path in (tmp_path / "outputs" / "launch").rglob("stdout.log")) == ["0", "1"]
+
+
+def test_torchrun_runs_the_same_loop_unchanged(tmp_path, one_process):
+    done = _run("-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(SCRIPT),
+                "--batch-size", "16", "--out", "w.pt", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    _assert_same_training(torch.load(tmp_path / "w.pt"), one_process)
+
+
+def test_a_failing_script_is_one_message_with_its_exit_code_and_where_its_output_is(tmp_path):
+    done = _run("-m", "runner.launch", "hardware=multi_cpu", str(SCRIPT), "--batch-size", "16", "--out", "w.pt",
+                "--fail-rank", "1", cwd=tmp_path)
+    assert done.returncode == 1
+    # The scripts' own output (rank 0's traceback after losing its peer) is theirs to show; the runner adds one
+    # paragraph at the end.
+    summary = done.stderr[done.stderr.rindex("runner: error:"):]
+    assert summary.startswith("runner: error: rank 0 exited with code 1; rank 1 exited with code 3")
+    assert "their output: outputs/launch/" in summary
+
+
+def test_the_script_s_arguments_are_passed_on_untouched():
+    assert split_command(["hardware=multi_cpu", "gpu_ids=[0,1]", "train.py", "--lr=3", "x=1"]) == (
+        ["hardware=multi_cpu", "gpu_ids=[0,1]"], ["train.py", "--lr=3", "x=1"])
+    assert split_command(["-m", "pkg.train", "--a"]) == ([], ["-m", "pkg.train", "--a"])
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _srun(tasks: int, *overrides: str, cwd: Path) -> list[subprocess.CompletedProcess]:
+    """What `srun -n TASKS python -m runner ...` does on one node, with SLURM's variables set by hand."""
+    port, procs = _free_port(), []
+    for task in range(tasks):
+        slurm = {"SLURM_PROCID": str(task), "SLURM_NTASKS": str(tasks), "SLURM_LOCALID": str(task),
+                 "SLURM_NNODES": "1", "SLURM_TASKS_PER_NODE": str(tasks), "SLURM_JOB_ID": "4242",
+                 "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "localhost", "MASTER_PORT": str(port)}
+        procs.append(subprocess.Popen([sys.executable, "-m", "runner", *overrides], cwd=cwd, env={**ENV, **slurm},
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return [subprocess.CompletedProcess(p.args, p.wait(timeout=300), *p.communicate()) for p in procs]
+
+
+SMALL = ("data.num_train=256", "data.num_validation=64", "trainer.batch_size=32", "trainer.max_steps=2",
+         "trainer.log_every_steps=1", "trainer.progress_bar=false")
+
+
+def test_srun_tasks_are_the_ranks_of_one_run_with_one_run_dir(tmp_path):
+    results = _srun(2, "hardware=multi_cpu", *SMALL, cwd=tmp_path)
+    for result in results:
+        assert result.returncode == 0, result.stderr
+    (run_dir,) = run_dirs_under(tmp_path)
+    assert run_dir.name == "slurm-4242.0"  # both tasks agreed on it
+    assert "rank 1 of 2" in (run_dir / "runner_rank1.log").read_text()
+    assert [row["step"] for row in read_jsonl(run_dir / "metrics.jsonl") if "train/loss" in row] == [1, 2]
+
+
+def test_more_srun_tasks_than_the_hardware_asks_for_is_refused_not_run_twice(tmp_path):
+    results = _srun(2, *SMALL, cwd=tmp_path)  # hardware=cpu: one process
+    for result in results:
+        assert result.returncode == 1
+        assert "hardware: cpu runs one process, but the launcher (torchrun or srun) started 2" in result.stderr
+    assert run_dirs_under(tmp_path) == []
+
+
+def test_a_rank_that_crashes_once_is_restarted_and_the_run_ends_as_if_it_never_had(tmp_path):
+    from safetensors.torch import load_file
+
+    run = ("hardware=multi_cpu", "hardware.start_method=fork", *SMALL, "trainer.max_steps=8",
+           "checkpoint.every_n_steps=2", "model._target_=dist_helpers.FaultySeqTransformer",
+           "allowed_targets=[runner.,torch.,dist_helpers.]")
+    helpers = {"PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    (tmp_path / "uninterrupted").mkdir()
+    reference = run_cli(*run, cwd=tmp_path / "uninterrupted", env=helpers)
+    assert reference.returncode == 0, reference.output
+    (tmp_path / "crashing").mkdir()
+    crashed = run_cli(*run, "+model.fail_rank=1", "+model.fail_at_forward=6", "+model.fail_attempt=0",
+                      "hardware.max_restarts=1", cwd=tmp_path / "crashing", env=helpers)
+    assert crashed.returncode == 0, crashed.output
+    assert "restart 1: continuing from" in crashed.output
+    for name, value in load_file(reference.run_dir() / "export" / "final.safetensors").items():
+        assert torch.equal(load_file(crashed.run_dir() / "export" / "final.safetensors")[name], value), name
+
+
+def test_a_run_restarted_by_torchrun_resumes_instead_of_refusing_its_own_checkpoints(tmp_path, monkeypatch):
+    from runner.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    main([*SMALL, "trainer.max_steps=2", "hydra.run.dir=run"])
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # what torchrun --max-restarts sets on a restart
+    main([*SMALL, "trainer.max_steps=4", "hydra.run.dir=run"])  # without resume=: it would be refused
+    assert [row["step"] for row in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "train/loss" in row] == [1, 2, 3, 4]
