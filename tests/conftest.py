@@ -21,6 +21,8 @@ def isolated_hf_cache(tmp_path_factory):
     """Generated datasets are cached per test session, never in the user's ~/.cache."""
     cache = tmp_path_factory.mktemp("hf_datasets_cache")
     os.environ["HF_DATASETS_CACHE"] = str(cache)
+    # This machine's own defaults (python -m runner.machine) must not leak into the tests: an empty config home.
+    os.environ["RUNNER_CONFIG_HOME"] = str(tmp_path_factory.mktemp("runner_config_home"))
     os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
     return cache
 

@@ -1,0 +1,56 @@
+"""Per-machine defaults (`python -m runner.machine`): written from flags or answers, checked before they are
+written, shown, and honoured by `python -m runner` and `python -m runner.launch` alike."""
+
+from __future__ import annotations
+
+import pytest
+
+from runner import machine
+from runner.cli import load
+from runner.errors import ConfigError
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("RUNNER_CONFIG_HOME", str(tmp_path / "config"))
+    return tmp_path / "config"
+
+
+def test_settings_from_flags_are_written_and_every_entry_point_reads_them(home, capsys):
+    machine.main(["set", "hardware=multi_cpu", "hardware.num_processes=4", "precision=bf16", "gpu_ids=[0,1]"])
+    written = (home / "local" / "machine.yaml").read_text()
+    assert "  - override /hardware: multi_cpu\n  - override /precision: bf16\n" in written
+    assert "resolves to: hardware=multi_cpu, 4 process(es) per machine" in capsys.readouterr().out
+    spec = load([])  # what `python -m runner` and `python -m runner.launch` compose
+    assert spec.hardware.processes_per_machine == 4 and spec.config.precision.kind.value == "bf16"
+    assert spec.config.gpu_ids == [0, 1]
+    assert load(["hardware.num_processes=2"]).hardware.processes_per_machine == 2  # the command line wins
+
+
+def test_interactive_answers_make_the_same_file(home):
+    answers = iter(["multi_cpu", "2", "", "bf16", "2", "1", "10.0.0.1", ""])
+    settings = machine.interview(read=lambda prompt: next(answers))
+    assert settings == {"hardware": "multi_cpu", "hardware.num_processes": "2", "gpu_ids": "all", "precision": "bf16",
+                        "hardware.num_machines": "2", "hardware.machine_rank": "1",
+                        "hardware.main_process_ip": "10.0.0.1", "hardware.main_process_port": "29500"}
+    machine.write(settings)
+    hardware = load([]).hardware
+    assert (hardware.num_machines, hardware.machine_rank, hardware.main_process_ip) == (2, 1, "10.0.0.1")
+
+
+def test_a_setting_this_machine_cannot_run_is_refused_and_nothing_written(home):
+    with pytest.raises(ConfigError, match="hardware: gpu needs a CUDA GPU"):
+        machine.write(machine.parse(["hardware=gpu"])) if not __import__("torch").cuda.is_available() else \
+            pytest.skip("this machine has a GPU")
+    assert not (home / "local" / "machine.yaml").exists()
+    with pytest.raises(ConfigError, match="trainer.batch_size: is not a machine setting"):
+        machine.parse(["trainer.batch_size=3"])
+
+
+def test_show_and_clear(home, capsys):
+    machine.main(["show"])
+    assert "not written yet" in capsys.readouterr().out
+    machine.main(["set", "hardware=multi_cpu"])
+    machine.main(["clear"])
+    assert not (home / "local" / "machine.yaml").exists()
+    assert load([]).hardware.processes_per_machine == 1
