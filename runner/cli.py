@@ -30,6 +30,7 @@ from runner.errors import (
     write_failure,
 )
 from runner.launch import launch
+from runner.paths import config_dir
 from runner.plan import batch_plan
 from runner.report import finished_result
 from runner.signals import stop_during_startup
@@ -38,8 +39,8 @@ log = logging.getLogger("runner")
 
 register_configs()
 
-# An absolute path next to the package: `python -m runner` works from any working directory.
-CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+# An absolute path: `python -m runner` works from any working directory, from a checkout or an installed wheel.
+CONFIG_DIR = str(config_dir())
 CONFIG_NAME = "config"
 # Flags that ask Hydra for something other than running: its standard entry handles them.
 NOT_A_RUN = ("help", "hydra_help", "cfg", "info", "shell_completion", "experimental_rerun")
@@ -47,13 +48,37 @@ NOT_A_RUN = ("help", "hydra_help", "cfg", "info", "shell_completion", "experimen
 CALLBACK_PREFIXES = ("runner.sweep.", "hydra.experimental.callbacks.")
 
 
+# `runner WORD ...`: the runner's other commands (each also `python -m runner.WORD ...`). A word without `=` is
+# never a Hydra override, so these cannot clash with one.
+COMMANDS = {"launch": "runner.launch", "machine": "runner.machine", "recipes": "runner.recipes",
+            "sample": "runner.sample", "env": "runner.env"}
+
+
+def console_main() -> None:
+    """The `runner` console script: `python -m runner`, with the working directory importable as it is under
+    `python -m` (so a recipe's `_target_: mylab.models.Net` finds the user's own package there)."""
+    import os
+
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    main()
+
+
 def main(argv: list[str] | None = None) -> None:
     from hydra._internal.utils import get_args_parser
 
+    arguments = sys.argv[1:] if argv is None else argv
+    if arguments and arguments[0] in COMMANDS:
+        import importlib
+
+        code = importlib.import_module(COMMANDS[arguments[0]]).main(arguments[1:])
+        if code:
+            raise SystemExit(code)
+        return
     no_stray_tracebacks()
     adopt_slurm_tasks()  # srun's tasks become the ranks before anything reads RANK (the run dir, the lock)
     parser = get_args_parser()
-    args = parser.parse_intermixed_args(argv)  # `k=v -cd DIR k=v` as well as options first
+    args = parser.parse_intermixed_args(arguments)  # `k=v -cd DIR k=v` as well as options first
     if any(getattr(args, flag, None) for flag in NOT_A_RUN):
         return _hydra_entry(args, parser)
     _run(args, parser)

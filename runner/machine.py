@@ -18,20 +18,14 @@ import os
 import sys
 from pathlib import Path
 
+from runner.paths import machine_file
+
 GROUPS = ("hardware", "precision")  # chosen with `group=option`; every other setting is `key=value`
 KEYS = ("gpu_ids", "hardware.num_processes", "hardware.threads_per_process", "hardware.start_method",
         "hardware.num_machines", "hardware.machine_rank", "hardware.main_process_ip", "hardware.main_process_port",
         "hardware.timeout_s", "hardware.max_restarts")
 HEADER = ("# @package _global_\n# This machine's defaults, written by `python -m runner.machine` (show, init, set, clear).\n"
           "# A recipe's choices win over them, and the command line wins over both.\n")
-
-
-def config_home() -> Path:
-    return Path(os.environ.get("RUNNER_CONFIG_HOME") or Path.home() / ".config" / "runner").expanduser()
-
-
-def machine_file() -> Path:
-    return config_home() / "local" / "machine.yaml"
 
 
 def render(settings: dict[str, str]) -> str:

@@ -1,4 +1,4 @@
-"""Small files for composing every recipe with every config-group option (tests/test_recipes.py): the data each
+"""Small files for composing every recipe with every config-group option (tests/test_recipe_matrix.py): the data each
 data group reads, written once, plus the overrides that make each run tiny."""
 
 from __future__ import annotations

@@ -1,0 +1,101 @@
+"""runner as a normal package: a wheel ships the configs and built-in recipes, a `runner` console script, and a
+user's own project (their recipes in ./recipes, their package importable from where they run) works with it."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, read_scalars
+
+USER_RECIPE = """# @package _global_
+# My experiment: my own model on the built-in reverse data.
+defaults:
+  - override /model: seq_transformer
+allowed_targets: [runner., torch., mylab.]
+model:
+  _target_: mylab.models.Reverser    # my own torch.nn.Module, in ./mylab
+  vocab_size: ${data.vocab_size}
+  max_len: ${data.seq_len}
+data:
+  num_train: 128
+  num_validation: 32
+trainer:
+  max_steps: 2
+  progress_bar: false
+"""
+USER_MODEL = """from runner.models import SeqTransformer
+
+
+class Reverser(SeqTransformer):
+    pass
+"""
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """The wheel built from this checkout, installed (not editable) into a folder of its own."""
+    wheels, target = tmp_path_factory.mktemp("wheel"), tmp_path_factory.mktemp("site")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(ROOT),
+                    "-w", str(wheels)], check=True, capture_output=True)
+    (wheel,) = wheels.glob("runner-*.whl")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
+                   check=True, capture_output=True)
+    return target
+
+
+def _isolated(installed: Path) -> dict:
+    """Python without site processing (`-S`), so this checkout's editable install (a .pth hook) is not loaded:
+    the installed copy, then the environment's other packages, are all it can import."""
+    site_packages = [path for path in sys.path if path.endswith("site-packages")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(installed), *site_packages]), "PYTHONUNBUFFERED": "1"}
+
+
+def _in_project(installed: Path, project: Path, *command: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The installed `runner` console script, run in the user's project folder."""
+    return subprocess.run([sys.executable, "-S", str(installed / "bin" / "runner"), *command], cwd=project,
+                          env={**_isolated(installed), **(env or {})}, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture
+def project(tmp_path) -> Path:
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "mine.yaml").write_text(USER_RECIPE)
+    (tmp_path / "mylab").mkdir()
+    (tmp_path / "mylab" / "__init__.py").write_text("")
+    (tmp_path / "mylab" / "models.py").write_text(USER_MODEL)
+    return tmp_path
+
+
+def test_the_wheel_ships_the_configs_and_the_console_script_runs_a_user_project(installed, project):
+    where = subprocess.run([sys.executable, "-S", "-c", "import runner.paths as p; print(p.config_dir())"],
+                           env=_isolated(installed), capture_output=True, text=True, cwd=project)
+    assert where.stdout.strip() == str(installed / "runner" / "conf")
+    listed = _in_project(installed, project, "recipes", "list")
+    assert listed.returncode == 0, listed.stderr
+    assert re.search(rf"^mine +{re.escape(str(project / 'recipes'))}: My experiment: my own model", listed.stdout,
+                     re.MULTILINE), listed.stdout
+    assert "built-in: Reverse sequences of 12 random digits" in listed.stdout
+    run = _in_project(installed, project, "recipe=mine")
+    assert run.returncode == 0, run.stderr
+    (run_dir,) = [path.parent for path in (project / "outputs").rglob("config.yaml") if (path.parent / ".hydra").is_dir()]
+    assert "mylab.models.Reverser" in (run_dir / "config.yaml").read_text()
+    assert [step for step, _ in read_scalars(run_dir, "val/accuracy")] == [2]
+
+
+def test_a_user_recipe_wins_over_a_built_in_one_of_the_same_name(installed, project):
+    (project / "recipes" / "reverse.yaml").write_text("# @package _global_\n# Mine.\ntrainer:\n  max_steps: 3\n")
+    shown = _in_project(installed, project, "recipes", "show", "reverse")
+    assert shown.returncode == 0, shown.stderr
+    assert "  max_steps: 3\n" in shown.stdout
+
+
+def test_shell_completion_completes_a_group_name(installed, project):
+    completed = _in_project(installed, project, "-sc", "query=bash",
+                            env={"COMP_LINE": "runner hardw", "COMP_POINT": "12"})
+    assert "hardware=" in completed.stdout.split(), completed.stdout + completed.stderr
