@@ -40,7 +40,9 @@ def import_transformers(key: str):
 
 
 def hub_unreachable(timeout_s: float = 3.0) -> str | None:
-    """Why the Hub's host cannot be reached (one TCP connect, `timeout_s` at most), or None when it can."""
+    """Why the Hub's host (HF_ENDPOINT, else huggingface.co) cannot be reached (one TCP connect, `timeout_s` at
+    most), or None when it can. The one probe behind both Hub paths: `transformers` names here and Hub datasets
+    (runner/data/tabular.py), so that neither spends minutes in its library's retries offline."""
     endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
     host, port = endpoint.hostname or "huggingface.co", endpoint.port or 443
     try:

@@ -8,12 +8,11 @@ reads by default.
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 from typing import Any, Sequence
-from urllib.parse import urlparse
 
 from runner.errors import ConfigError, DataError
+from runner.hub import hub_unreachable
 
 FILE_FORMATS = ("csv", "json", "parquet")
 
@@ -177,7 +176,13 @@ def hub(
     """
     check_fraction(validation_fraction)
     if os.environ.get("HF_HUB_OFFLINE", "0") in ("0", "", "false", "False") and not os.environ.get("HF_DATASETS_OFFLINE"):
-        _require_hub_reachable(name, probe_timeout_s)
+        unreachable = hub_unreachable(probe_timeout_s)
+        if unreachable:
+            raise DataError(
+                f"data.name: cannot reach the Hugging Face Hub ({unreachable}) to load '{name}'. "
+                "Go online, or set HF_HUB_OFFLINE=1 to use a copy already in your cache, "
+                "or point the recipe at local files (data=local_files, data.train=PATH)"
+            )
     import datasets
 
     try:
@@ -192,19 +197,6 @@ def hub(
         held_out = loaded[train_split].train_test_split(test_size=validation_fraction, seed=seed)
         splits = {"train": held_out["train"], "validation": held_out["test"]}
     return to_classification(datasets.DatasetDict(splits), label_column, feature_columns)
-
-
-def _require_hub_reachable(name: str, timeout_s: float) -> None:
-    endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    host, port = endpoint.hostname or "huggingface.co", endpoint.port or 443
-    try:
-        socket.create_connection((host, port), timeout=timeout_s).close()
-    except OSError as err:
-        raise DataError(
-            f"data.name: cannot reach the Hugging Face Hub ({host}:{port}: {err}) to load '{name}'. "
-            "Go online, or set HF_HUB_OFFLINE=1 to use a copy already in your cache, "
-            "or point the recipe at local files (data=local_files, data.train=PATH)"
-        ) from err
 
 
 def to_classification(splits, label_column: str, feature_columns: Sequence[str] | None):
