@@ -127,7 +127,7 @@ def _decode_batch(batch, image_column: str, label_column: str, size: int, mode: 
 
     pixels = []
     for image in batch[image_column]:
-        array = np.asarray(image.convert(mode), dtype=np.uint8)
+        array = np.array(image.convert(mode), dtype=np.uint8)  # a writable copy: torch.from_numpy warns on read-only PIL buffers
         pixels.append(resize_square(torch.from_numpy(array.reshape(array.shape[0], array.shape[1], -1)), size))
     return {"pixels": torch.stack(pixels).flatten(1).numpy(), "label": batch[label_column]}
 
