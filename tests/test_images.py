@@ -4,6 +4,7 @@ always, random crop and flip only in training)."""
 
 from __future__ import annotations
 
+import importlib.util
 import io
 from collections import Counter
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import ROOT
 from runner.data import digits_images, image_folder, image_parquet, make_batches
 from runner.errors import ConfigError, DataError
 from runner.models import ImagePreprocess, ResNet
@@ -138,8 +140,7 @@ def test_digits_as_images_are_the_bundled_digits_scaled_to_bytes():
     assert splits["train"].features["pixels"].length == 64
     bunch = load_digits()
     expected = Counter(zip(map(tuple, (bunch.data * 255 / 16).round().astype(np.uint8).tolist()), bunch.target.tolist()))
-    got = Counter((tuple(row["pixels"]), row["label"]) for split in splits.values() for row in split)
-    assert got == expected  # every digit once, 0..16 scaled to 0..255
+    assert every_row(splits) == expected  # every digit once, 0..16 scaled to 0..255
     # In memory or streamed from Arrow (a split over trainer.data_in_memory_mb), the same rows and values.
     batches = make_batches(splits["train"], 32, True, 0, in_memory_limit_mb=64)
     in_memory = next(iter(batches))
@@ -150,6 +151,27 @@ def test_digits_as_images_are_the_bundled_digits_scaled_to_bytes():
     assert in_memory["pixels"][0].tolist() == first["pixels"] and in_memory["label"][0] == first["label"]
     model = ResNet(num_classes=10, channels=1, image_size=8, widths=[8]).eval()
     assert model(streamed["pixels"]).shape == model(in_memory["pixels"]).shape == (32, 10)
+
+
+def test_digits_written_as_a_folder_of_pngs_read_back_as_the_bundled_digits(tmp_path):
+    """benchmarks/digits_folder.py (the README's image_folder data) loses nothing: through imagefolder the PNGs
+    give exactly the pixels and labels of data=digits_images."""
+    spec = importlib.util.spec_from_file_location("digits_folder", ROOT / "benchmarks" / "digits_folder.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.write_digits(tmp_path / "digits") == 1797
+    assert sorted(path.name for path in (tmp_path / "digits").iterdir()) == [str(digit) for digit in range(10)]
+    from_folder = image_folder(str(tmp_path / "digits"), image_size=8, channels=1)
+    bundled = digits_images()
+
+    assert every_row(from_folder) == every_row(bundled)
+
+
+def every_row(splits) -> Counter:
+    """(pixels, label) of every row of every split, as a multiset: a hold-out reorders rows, never changes them."""
+    columns = [split.with_format("numpy")[:] for split in splits.values()]
+    return Counter((tuple(pixels), label) for table in columns
+                   for pixels, label in zip(table["pixels"].tolist(), table["label"].tolist()))
 
 
 MEAN, STD = (0.1, 0.2, 0.3), (0.5, 0.25, 0.2)
