@@ -61,6 +61,18 @@ def test_two_runs_get_two_run_dirs(cli):
     assert len(second.run_dirs()) == 2
 
 
+# Each case is a start-up plus two steps: the new recipes get tiny data and a tiny model of their own architecture
+# (the recipe's model and data path, not its size), so that every case costs about what process start-up costs.
+TINY_MODELS = {
+    "gpt": ("model.n_layer=1", "model.n_head=2", "model.n_embd=32"),
+    "gpt2_hf": ("model.config.n_layer=1", "model.config.n_head=2", "model.config.n_embd=32"),
+    "image_folder": ("model.widths=[8]",),
+    "digits_cnn": ("model.widths=[8]",),
+    "text_classification": ("model.d_model=32", "model.nhead=2", "model.num_layers=1", "model.dim_feedforward=64",
+                            "data.max_length=16"),
+}
+
+
 @pytest.mark.parametrize("recipe", sorted(path.stem for path in (ROOT / "recipes").glob("*.yaml")))
 def test_every_recipe_composes_and_runs_two_steps(cli, tmp_path, recipe):
     extra = ("data.num_train=256", "data.num_validation=64") if recipe == "reverse" else ()
@@ -72,7 +84,7 @@ def test_every_recipe_composes_and_runs_two_steps(cli, tmp_path, recipe):
         if recipe == "gpt2_hf":
             pytest.importorskip("transformers")
         text = tmp_path / "text.txt"
-        text.write_text("the cat sat on the mat.\n" * 300)
+        text.write_text("the cat sat on the mat.\n" * 100)
         extra = (f"data.train={text}", "data.block_size=16", "trainer.eval_batch_size=64")
     if recipe == "image_folder":
         extra = (f"data.train={_png_folder(tmp_path / 'images')}", "data.image_size=8", "model.num_classes=2",
@@ -81,6 +93,7 @@ def test_every_recipe_composes_and_runs_two_steps(cli, tmp_path, recipe):
         table = tmp_path / "texts.csv"
         table.write_text("text,label\n" + "".join(f"good fine great {i},pos\nbad awful poor {i},neg\n" for i in range(40)))
         extra = (f"data.train={table}", "model.num_classes=2", "data.tokenizer.vocab_size=300")
+    extra += TINY_MODELS.get(recipe, ())
     result = cli(f"recipe={recipe}", "trainer.max_steps=2", "trainer.progress_bar=false", *extra)
     assert result.returncode == 0, result.output
     (step, _), = read_scalars(result.run_dir(), "val/accuracy")
