@@ -170,8 +170,10 @@ class CheckpointConfig:
     """Save at the end of every epoch (the run always saves at its end)."""
     every_n_steps: Optional[int] = None
     """Also save every N optimizer steps (None: only at epoch ends and at the end)."""
-    keep_last: Optional[int] = None
-    """Keep only the K newest checkpoints, plus the keep_best ones (None: keep every checkpoint)."""
+    keep_last: Optional[int] = 3
+    """Keep only the K newest checkpoints, plus the keep_best ones (None: keep every checkpoint). Three, so a
+    20-epoch run does not fill the disk with 20 copies, while a checkpoint spoiled by a crash still has older
+    ones behind it."""
     keep_best: int = 0
     """Also keep the K checkpoints with the best trainer.monitor value (trainer.monitor_mode says which is better).
     When K > 0, a checkpoint is also saved after every evaluation, the only time the metric is known."""

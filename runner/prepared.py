@@ -10,10 +10,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
+from torch.utils import _pytree as pytree
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler
 
 
@@ -211,11 +213,15 @@ class DeviceBatches:
 
 
 def tree_map(fn, obj: Any) -> Any:
-    """Apply fn to every tensor in a tensor, or a dict/list/tuple of them; leave other leaves alone."""
-    if isinstance(obj, torch.Tensor):
-        return fn(obj)
-    if isinstance(obj, dict):
-        return {key: tree_map(fn, value) for key, value in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(tree_map(fn, value) for value in obj)
-    return obj
+    """Apply fn to every tensor in a batch: a tensor, or any nesting of dicts, lists, tuples, namedtuples and
+    dataclasses of them (torch's pytree walks the containers; a dataclass is rebuilt field by field). Other leaves
+    (strings, numbers) are left alone."""
+    def leaf(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return fn(value)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            changed = {f.name: tree_map(fn, getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
+            return dataclasses.replace(value, **changed)
+        return value
+
+    return pytree.tree_map(leaf, obj)
