@@ -34,8 +34,10 @@ from runner.devices import Hardware, for_device, this_process
 from runner.data.batches import _Batches
 from runner.dist import DistInfo
 from runner.precision import Precision
-from runner import collectives, trackers
+from runner import collectives
+from runner.accelerator_extras import AcceleratorExtras
 from runner.dataloader import PreparedDataLoader
+from runner.trackers import kinds as tracker_kinds
 from runner.options import (
     DataLoaderConfiguration, DistributedType, accumulation_steps, distributed_type, make_scaler, split_handlers,
 )
@@ -45,7 +47,7 @@ ACCELERATE_PRECISION = {"no": "fp32", None: "fp32"}  # Accelerate's mixed_precis
 _NO_SYNC = nullcontext()
 
 
-class Accelerator:
+class Accelerator(AcceleratorExtras):
     def __init__(
         self,
         device: str | torch.device | None = None,
@@ -95,7 +97,7 @@ class Accelerator:
         self.dataloader_config = dataloader_config or DataLoaderConfiguration()
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.project_dir = None if project_dir is None else Path(project_dir)
-        self.log_with = trackers.kinds(log_with)
+        self.log_with = tracker_kinds(log_with)
         self.trackers: list = []
         self._trigger = False
         self.shared = SharedState()
@@ -343,45 +345,9 @@ class Accelerator:
         self._collective()
         return collectives.pad(tensors, dim, pad_index, pad_first)
 
-    @contextmanager
-    def split_between_processes(self, inputs: Any, apply_padding: bool = False):
-        """This process's share of `inputs` (list, tuple, tensor, dict of them, a dataset), as even as possible."""
-        yield collectives.split(inputs, self.num_processes, self.process_index, apply_padding)
-
     def wait_for_everyone(self) -> None:
         self._collective()
         distributed.barrier()
-
-    def set_trigger(self) -> None:
-        """Raise this process's flag; check_trigger() then tells every process (e.g. to stop early)."""
-        self._trigger = True
-
-    def check_trigger(self) -> bool:
-        """Whether any process raised its flag since the last check (a collective: call it on every process);
-        clears the flags."""
-        self._collective()
-        raised = distributed.all_reduce(torch.tensor(float(self._trigger), device=self.device), "max")
-        self._trigger = False
-        return bool(raised.item() > 0)
-
-    # -- which process runs it --------------------------------------------------------------------------------------
-
-    def on_main_process(self, function):
-        """Decorator: the function runs on the main process only (returns None elsewhere)."""
-        return _run_if(function, lambda: self.is_main_process)
-
-    def on_local_main_process(self, function):
-        """Decorator: the function runs on each machine's local main process only."""
-        return _run_if(function, lambda: self.is_local_main_process)
-
-    def on_last_process(self, function):
-        return _run_if(function, lambda: self.process_index == self.num_processes - 1)
-
-    def on_process(self, function=None, process_index: int | None = None):
-        """Decorator: the function runs on process `process_index` only (`@accelerator.on_process(process_index=1)`)."""
-        if function is None:
-            return lambda inner: self.on_process(inner, process_index)
-        return _run_if(function, lambda: self.process_index == process_index)
 
     @contextmanager
     def main_process_first(self):
@@ -411,62 +377,6 @@ class Accelerator:
     def set_seed(self, seed: int, device_specific: bool = False) -> None:
         set_seed(seed + self.process_index if device_specific else seed)
 
-    def register_for_checkpointing(self, *objects: Any) -> None:
-        """Objects with state_dict()/load_state_dict() to keep with the prepared ones (self.custom_objects)."""
-        bad = [type(obj).__name__ for obj in objects
-               if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"))]
-        if bad:
-            from runner.errors import ConfigError, Problem
-
-            raise ConfigError(Problem("register_for_checkpointing(objects)", (
-                f"got {bad} without state_dict() and load_state_dict(); register objects that have both "
-                "(models, optimizers, schedulers, or your own class with the two methods)")))
-        self.custom_objects.extend(objects)
-
-    @property
-    def custom_objects(self) -> list:
-        if "_custom_objects" not in self.__dict__:
-            self._custom_objects: list = []
-        return self._custom_objects
-
-    def free_memory(self, *objects: Any) -> list:
-        """Forget every prepared object (and the given references), collect garbage, empty the CUDA cache;
-        returns a None per object given (`model, optimizer = accelerator.free_memory(model, optimizer)`)."""
-        import gc
-
-        for held in (self._models, self._optimizers, self._schedulers, self.custom_objects, self.shared.loaders):
-            held.clear()
-        released = [None] * len(objects)
-        del objects
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        return released
-
-    clear = free_memory
-
-    # -- trackers (runner/trackers.py) ------------------------------------------------------------------------------
-
-    def init_trackers(self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None):
-        """Start the `log_with` trackers for a run named `project_name` under project_dir (main process only)."""
-        if self.is_main_process:
-            self.trackers = trackers.start(self.log_with, project_name, self.project_dir, config, init_kwargs)
-
-    def get_tracker(self, name: str, unwrap: bool = False):
-        for tracker in self.trackers:
-            if tracker.name == name:
-                return tracker.tracker if unwrap else tracker
-        return None
-
-    def log(self, values: dict, step: int | None = None, log_kwargs: dict | None = None) -> None:
-        for tracker in self.trackers:
-            tracker.log(values, step=step, **(log_kwargs or {}).get(tracker.name, {}))
-
-    def end_training(self) -> None:
-        for tracker in self.trackers:
-            tracker.finish()
-        self.trackers = []
-
 
 def set_seed(seed: int) -> None:
     """Seed python, numpy and torch (every CUDA device too) for a reproducible run."""
@@ -475,13 +385,3 @@ def set_seed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def _run_if(function, condition):
-    import functools
-
-    @functools.wraps(function)
-    def wrapper(*args, **kwargs):
-        return function(*args, **kwargs) if condition() else None
-
-    return wrapper

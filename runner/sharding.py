@@ -94,7 +94,7 @@ class BatchShard(Sampler):
             pieces = self._split() if self.split_batches else self._whole()
         for index, (keys, real) in enumerate(pieces):
             if index >= skip:
-                self.reals.append(real)
+                self.reals.append(None if real and real >= len(keys) else real)  # None: every sample is real
                 yield keys
 
     def _whole(self) -> Iterator[tuple[Any, int | None]]:
@@ -162,6 +162,8 @@ class IterableShard(IterableDataset):
     def __len__(self) -> int:
         """Samples this process draws (an unsized stream raises TypeError, as the plain loader does)."""
         total, size = len(self.dataset), self.global_size
+        if self.num_processes == 1:
+            return total
         if self.drop_last:
             return total // size * self.per
         if self.even_batches:
@@ -169,6 +171,9 @@ class IterableShard(IterableDataset):
         return total // size * self.per + real_in_slice(total % size, self.process_index * self.per, self.per)
 
     def __iter__(self) -> Iterator[tuple[Any, bool]]:
+        if self.num_processes == 1:  # one process is the plain loader: nothing to deal out or complete
+            yield from ((item, True) for item in self.dataset)
+            return
         start, per = self.process_index * self.per, self.per
         group, first = [], []
         for sample in self.dataset:
@@ -258,7 +263,7 @@ def with_agreed_shuffle(source, seedable: bool, data_seed: int | None, agree: bo
 
     if type(source) is RandomSampler:
         return agreeing(source)
-    if isinstance(source, BatchSampler) and type(source.sampler) is RandomSampler:
+    if isinstance(source, BatchSampler) and type(getattr(source, "sampler", None)) is RandomSampler:
         source = copy.copy(source)
         source.sampler = agreeing(source.sampler)
     return source
