@@ -406,7 +406,9 @@ def test_fp8_emulation_trains_and_reports_the_converted_modules(cli):
 def test_two_gloo_processes_with_accumulation_match_one_process_with_the_whole_batch(cli, tmp_path):
     from conftest import TINY
 
-    common = (*TINY, "trainer.max_steps=2")
+    # A schedule that moves every step: 2 processes must step it once per optimizer step, as one process does (the
+    # runner's batches are split batches; stepped Accelerate's N times per step, the losses would differ).
+    common = (*TINY, "trainer.max_steps=2", "scheduler=warmup_cosine", "scheduler.warmup_steps=4")
     # A global batch of 128: 2 processes x 2 micro-batches of 32 take the same 128 rows per step as one process.
     one = cli(*common, "trainer.batch_size=128", cwd=(tmp_path / "one").mkdir() or tmp_path / "one")
     two = cli(*common, "trainer.batch_size=128", "hardware=multi_cpu", "hardware.start_method=fork",
