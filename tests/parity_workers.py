@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, SequentialSampler, TensorDataset
 
-from runner import Accelerator, DataLoaderConfiguration
+from runner import Accelerator, DataLoaderConfiguration, GradientAccumulationPlugin
 from runner.dist import DistInfo, destroy_process_group, init_process_group
 
 
@@ -150,7 +150,24 @@ def accumulation_and_schedule() -> dict:
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad()
-    return {"syncs": syncs, "scheduler_steps": scheduler.last_epoch}
+    return {"syncs": syncs, "scheduler_steps": scheduler.last_epoch, **_sync_each_batch()}
+
+
+def _sync_each_batch() -> dict:
+    """sync_each_batch: the first micro-batch's gradients (two forwards of it) are already averaged over the
+    processes, but the optimizer still waits for the cycle's end."""
+    plugin = GradientAccumulationPlugin(num_steps=2, sync_each_batch=True)
+    accelerator = Accelerator("cpu", gradient_accumulation_plugin=plugin)
+    rank = accelerator.process_index
+    model = accelerator.prepare(nn.Linear(2, 1, bias=False))
+    optimizer = accelerator.prepare(torch.optim.SGD(model.parameters(), lr=1.0))
+    before = model.module.weight.detach().clone()
+    with accelerator.accumulate(model):
+        inputs = torch.full((1, 2), float(rank + 1))
+        accelerator.backward(model(inputs).sum() + model(inputs).sum())
+        optimizer.step()
+    return {"each_batch_grads": accelerator.gather(model.module.weight.grad.clone()).tolist(),
+            "each_batch_held": torch.equal(before, model.module.weight.detach())}
 
 
 def collectives() -> dict:

@@ -366,6 +366,8 @@ def test_two_processes_sync_at_the_end_of_the_loader_and_step_the_schedule_twice
     for result in check(two_processes, "accumulation"):
         assert result["syncs"] == [False, True, True]
         assert result["scheduler_steps"] == 4  # 2 optimizer steps x 2 processes
+        # Two forwards of x, loss divided by the 2 micro-steps: x per process, averaged: (1 + 2) / 2.
+        assert result["each_batch_grads"] == [[1.5, 1.5], [1.5, 1.5]] and result["each_batch_held"]
 
 
 def test_two_process_collectives(two_processes):
