@@ -230,6 +230,7 @@ class Accelerator(AcceleratorExtras):
             return loader
         prepared = PreparedDataLoader(loader, self.num_processes, self.process_index, config, self.shared,
                                       torch.device("cpu") if self.xla is not None else self.device)
+        self.prepared_loaders.append(prepared)
         return self.xla.loader(prepared, self.device) if self.xla is not None else prepared
 
     def _prepare_scheduler(self, scheduler):

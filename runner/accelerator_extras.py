@@ -21,6 +21,35 @@ class AcceleratorExtras:
         """This process's share of `inputs` (list, tuple, tensor, dict of them, a dataset), as even as possible."""
         yield collectives.split(inputs, self.num_processes, self.process_index, apply_padding)
 
+    @contextmanager
+    def join_uneven_inputs(self, joinables: list, even_batches: bool | None = None):
+        """Let processes that run out of batches first wait for the others (torch's Join over DDP models and
+        optimizers such as ZeroRedundancyOptimizer), and, with `even_batches`, set how the prepared loaders end
+        for the duration (False: uneven ends, which this context makes safe). A no-op on one process."""
+        loaders = [loader.batch_shard for loader in self.prepared_loaders if loader.batch_shard is not None]
+        kept = [loader.even_batches for loader in loaders]
+        if even_batches is not None:
+            for loader in loaders:
+                loader.even_batches = even_batches
+        try:
+            if self.num_processes == 1:
+                yield
+                return
+            from torch.distributed.algorithms.join import Join
+
+            with Join(list(joinables)):
+                yield
+        finally:
+            for loader, even in zip(loaders, kept):
+                loader.even_batches = even
+
+    @property
+    def prepared_loaders(self) -> list:
+        """The DataLoaders this Accelerator prepared (runner/dataloader.py's PreparedDataLoader)."""
+        if "_prepared_loaders" not in self.__dict__:
+            self._prepared_loaders: list = []
+        return self._prepared_loaders
+
     def set_trigger(self) -> None:
         """Raise this process's flag; check_trigger() then tells every process (e.g. to stop early)."""
         self._trigger = True
@@ -75,7 +104,8 @@ class AcceleratorExtras:
         returns a None per object given (`model, optimizer = accelerator.free_memory(model, optimizer)`)."""
         import gc
 
-        for held in (self._models, self._optimizers, self._schedulers, self.custom_objects, self.shared.loaders):
+        for held in (self._models, self._optimizers, self._schedulers, self.custom_objects, self.shared.loaders,
+                     self.prepared_loaders):
             held.clear()
         released = [None] * len(objects)
         del objects

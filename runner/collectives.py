@@ -37,6 +37,10 @@ def split(inputs: Any, num_processes: int, process_index: int, apply_padding: bo
     if num_processes == 1:
         return inputs
     start, end = share(len(inputs), num_processes, process_index)
+    if hasattr(inputs, "select") and hasattr(inputs, "column_names"):  # a datasets.Dataset: slicing gives a dict
+        rows = list(range(min(start, len(inputs) - 1), min(end, len(inputs))) or [len(inputs) - 1])
+        most = -(-len(inputs) // num_processes)
+        return inputs.select(rows + [rows[-1]] * (most - len(rows)) if apply_padding else rows)
     # A process with nothing left gets the last item (Accelerate does the same), so no process gets nothing.
     part = inputs[start:end] if start < len(inputs) else inputs[-1:]
     missing = -(-len(inputs) // num_processes) - len(part)

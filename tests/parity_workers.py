@@ -19,7 +19,7 @@ from runner.dist import DistInfo, destroy_process_group, init_process_group
 
 def all_checks() -> dict:
     torch.set_num_threads(1)
-    init_process_group(DistInfo.from_env(), "gloo")
+    init_process_group(DistInfo.from_env(), "gloo", timeout_s=120)  # a check that hangs fails in 2 minutes
     results = {}
     try:
         for name, check in CHECKS.items():
@@ -81,7 +81,23 @@ def reproduces_one_process_at_twice_the_batch() -> dict:
     two = _train(split, DataLoader(_data(), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(7)),
                  _model())
     out["split"] = {"plain": out["generator"]["plain"], "two": two}
+    plain = _train(None, DataLoader(_data(), batch_size=8, sampler=Reversed(40, seed=5)), _model())
+    two = _train(Accelerator("cpu"), DataLoader(_data(), batch_size=4, sampler=Reversed(40, seed=5 + rank)), _model())
+    out["custom_sampler"] = {"plain": plain, "two": two}
     return out
+
+
+class Reversed(torch.utils.data.Sampler):
+    """A sampler of the user's own with a generator: a random permutation, reversed."""
+
+    def __init__(self, n: int, seed: int):
+        self.n, self.generator = n, torch.Generator().manual_seed(seed)
+
+    def __iter__(self):
+        return iter(torch.randperm(self.n, generator=self.generator).flip(0).tolist())
+
+    def __len__(self):
+        return self.n
 
 
 class Stream(IterableDataset):
@@ -170,6 +186,25 @@ def _sync_each_batch() -> dict:
             "each_batch_held": torch.equal(before, model.module.weight.detach())}
 
 
+def joined() -> dict:
+    """join_uneven_inputs with even_batches=False: process 0 takes 3 steps, process 1 two, nobody waits forever,
+    and the models end equal."""
+    accelerator = Accelerator("cpu")
+    model = accelerator.prepare(nn.Linear(1, 1))
+    optimizer = accelerator.prepare(torch.optim.SGD(model.parameters(), lr=0.1))
+    loader = accelerator.prepare(DataLoader(TensorDataset(torch.arange(10.0)), batch_size=2))
+    steps = 0
+    with accelerator.join_uneven_inputs([model], even_batches=False):
+        for (inputs,) in loader:
+            model(inputs.unsqueeze(1)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            steps += 1
+    weights = accelerator.gather(model.module.weight.detach().clone()).tolist()
+    return {"steps": steps, "equal": weights[0] == weights[1], "even_after": loader.batch_shard.even_batches,
+            "batches_after": len(loader)}
+
+
 def collectives() -> dict:
     accelerator = Accelerator("cpu")
     rank = accelerator.process_index
@@ -228,5 +263,6 @@ CHECKS = {
     "loaders": loaders_of_every_kind,
     "accumulation": accumulation_and_schedule,
     "collectives": collectives,
+    "joined": joined,
     "models": models_and_loaders,
 }

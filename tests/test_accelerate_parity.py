@@ -265,6 +265,18 @@ def test_split_between_processes_lists_dicts_and_tensors(rank, expected, padded)
         assert part.tolist() == [letters.index(c) for c in expected] + [6] * (3 - len(expected))
 
 
+def test_split_between_processes_selects_rows_of_a_dataset():
+    from datasets import Dataset
+
+    rows = Dataset.from_dict({"x": list(range(5))})
+    parts = []
+    for rank in range(2):
+        with Accelerator("cpu", dist=DistInfo(rank=rank, world_size=2)).split_between_processes(
+                rows, apply_padding=True) as part:
+            parts.append(part["x"])
+    assert parts == [[0, 1, 2], [3, 4, 4]]
+
+
 def test_split_between_processes_refuses_a_dict_of_uneven_values():
     with pytest.raises(ConfigError) as error:
         with Accelerator("cpu").split_between_processes({"x": [1, 2], "y": [1]}):
@@ -337,10 +349,11 @@ def check(two_processes, name: str) -> list:
     return [result[name] for result in two_processes]
 
 
-@pytest.mark.parametrize("case", ["generator", "global_rng", "split"])
+@pytest.mark.parametrize("case", ["generator", "global_rng", "split", "custom_sampler"])
 def test_two_processes_at_batch_b_reproduce_one_process_at_2b(two_processes, case):
     """The loader's own generator; the global RNG with each process seeded differently (rank 0's shuffle wins);
-    split_batches at the one-process batch. Same global order every step of 2 epochs, same parameters."""
+    split_batches at the one-process batch; a sampler of the user's own whose generator is seeded differently on
+    each process (rank 0's state is given to all, as Accelerate does). Same global order every step of 2 epochs, same parameters."""
     for result in check(two_processes, "reproduce"):
         (plain_order, plain_params), (order, params) = result[case]["plain"], result[case]["two"]
         assert len(order) == 10 and order == plain_order
@@ -382,6 +395,13 @@ def test_two_process_collectives(two_processes):
         assert result["distributed_type"] == "MULTI_CPU"
     assert zero["pad_first"] == [[0.0, 1.0]] and one["pad_first"] == [[1.0, 1.0]]
     assert zero["main_only"] == 0 and one["main_only"] is None
+
+
+def test_join_uneven_inputs_lets_the_shorter_process_finish_first(two_processes):
+    zero, one = check(two_processes, "joined")
+    assert (zero["steps"], one["steps"]) == (3, 2) and zero["equal"] and one["equal"]
+    assert zero["even_after"] and one["even_after"]  # the loader's own setting is back after the block
+    assert (zero["batches_after"], one["batches_after"]) == (3, 3)
 
 
 def test_two_process_no_sync_unwrap_pickle_and_skip(two_processes):
