@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from runner.errors import ConfigError, Problem
 from runner.sharding import (
-    BatchShard, IterableShard, WithReal, _marking_last, sync_generators, with_agreed_shuffle,
+    BatchShard, IterableShard, WithReal, marking_last, sync_generators, with_agreed_shuffle,
 )
 
 
@@ -147,7 +147,7 @@ class PreparedDataLoader:
                         self.original.dataset if self.batch_shard is None else None)
         self.shared.loaders.append(self)
         try:
-            for (batch, real), last in _marking_last(self._batches()):
+            for (batch, real), last in marking_last(self._batches()):
                 self.end_of_dataloader, self.real_samples = last, real
                 yield self._on_device(batch)
         finally:

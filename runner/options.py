@@ -87,11 +87,6 @@ class DistributedType(str, Enum):
     XLA = "XLA"
 
 
-class LoggerType(str, Enum):
-    ALL = "all"
-    TENSORBOARD = "tensorboard"
-
-
 def distributed_type(device_type: str, num_processes: int, parallel_kind: str) -> DistributedType:
     if device_type == "xla":
         return DistributedType.XLA

@@ -43,7 +43,7 @@ def real_in_slice(real_total: int, start: int, length: int) -> int:
     return max(0, min(length, real_total - start))
 
 
-def _marking_last(iterable) -> Iterator[tuple[Any, bool]]:
+def marking_last(iterable) -> Iterator[tuple[Any, bool]]:
     """(item, whether it is the last one), looking one item ahead."""
     iterator = iter(iterable)
     current = next(iterator, _END)
@@ -100,7 +100,7 @@ class BatchShard(Sampler):
     def _whole(self) -> Iterator[tuple[Any, int | None]]:
         n, rank, size = self.num_processes, self.process_index, self.batch_size
         group, first = [], []
-        for batch, last in _marking_last(self.batch_sampler):
+        for batch, last in marking_last(self.batch_sampler):
             group.append(batch)
             # A short last batch makes its group the tail, which the end completes.
             if len(group) == n and not (last and size is not None and len(batch) < size):
@@ -206,39 +206,26 @@ class WithReal:
 class AgreedRandomSampler(RandomSampler):
     """A RandomSampler whose permutation every process agrees on: with no generator, rank 0's seed (drawn from the
     global RNG exactly as RandomSampler draws it, so one process shuffles as the plain sampler would); with the
-    user's generator, its state synchronised from rank 0. `replay` makes the next pass repeat a recorded one."""
+    user's generator, its state synchronised from rank 0 (what Accelerate's synchronize_rng_states does)."""
 
-    def __init__(self, sampler: RandomSampler, agree: bool = True):
+    def __init__(self, sampler: RandomSampler):
         super().__init__(sampler.data_source, sampler.replacement, sampler._num_samples, sampler.generator)
-        self.agree = agree  # False: only one process iterates it (dispatch_batches), there is nobody to agree with
-        self.pass_state: torch.Tensor | None = None  # the generator state the current pass started from
-        self._replay: torch.Tensor | None = None
-
-    def _agreed(self, tensor: torch.Tensor) -> torch.Tensor:
-        return dist.broadcast(tensor) if self.agree else tensor
 
     def __iter__(self) -> Iterator[int]:
         generator = self.generator
         if generator is None:
             seed = torch.empty((), dtype=torch.int64).random_()  # what RandomSampler draws, where it draws it
-            generator = torch.Generator().manual_seed(int(self._agreed(seed)))
+            generator = torch.Generator().manual_seed(int(dist.broadcast(seed)))
         else:
-            generator.set_state(self._agreed(generator.get_state()))
-        if self._replay is not None:
-            generator.set_state(self._replay)
-            self._replay = None
-        self.pass_state = generator.get_state()
+            generator.set_state(dist.broadcast(generator.get_state()))
         yield from RandomSampler(self.data_source, self.replacement, self._num_samples, generator)
-
-    def replay(self, state: torch.Tensor | None) -> None:
-        self._replay = state
 
 
 class SeededRandomSampler(AgreedRandomSampler):
     """`use_seedable_sampler`: each pass shuffles with `seed + epoch`, the same on every process without asking."""
 
     def __init__(self, sampler: RandomSampler, seed: int | None):
-        super().__init__(sampler, agree=False)
+        super().__init__(sampler)
         self.seed = torch.initial_seed() if seed is None else seed
         self.epoch = 0
 
@@ -248,18 +235,14 @@ class SeededRandomSampler(AgreedRandomSampler):
     def __iter__(self) -> Iterator[int]:
         generator = self.generator or torch.Generator()
         generator.manual_seed(self.seed + self.epoch)
-        if self._replay is not None:
-            generator.set_state(self._replay)
-            self._replay = None
-        self.pass_state = generator.get_state()
         yield from RandomSampler(self.data_source, self.replacement, self._num_samples, generator)
 
 
-def with_agreed_shuffle(source, seedable: bool, data_seed: int | None, agree: bool = True):
+def with_agreed_shuffle(source, seedable: bool, data_seed: int | None):
     """`source` (a batch sampler, or a sampler of whole batches) with a plain RandomSampler inside it replaced by
     an agreeing one; copies, never edits, the user's objects. Custom samplers are kept as they are."""
     def agreeing(sampler):
-        return SeededRandomSampler(sampler, data_seed) if seedable else AgreedRandomSampler(sampler, agree)
+        return SeededRandomSampler(sampler, data_seed) if seedable else AgreedRandomSampler(sampler)
 
     if type(source) is RandomSampler:
         return agreeing(source)
@@ -267,14 +250,6 @@ def with_agreed_shuffle(source, seedable: bool, data_seed: int | None, agree: bo
         source = copy.copy(source)
         source.sampler = agreeing(source.sampler)
     return source
-
-
-def shuffler(source) -> AgreedRandomSampler | None:
-    """The agreeing sampler inside `source`, if any (its pass state is part of a stateful loader's state)."""
-    for obj in (source, getattr(source, "sampler", None)):
-        if isinstance(obj, AgreedRandomSampler):
-            return obj
-    return None
 
 
 def sync_generators(*objects) -> None:

@@ -11,7 +11,7 @@ import traceback
 
 import torch
 from torch import nn
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset, SequentialSampler, TensorDataset
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, TensorDataset
 
 from runner import Accelerator, DataLoaderConfiguration, GradientAccumulationPlugin
 from runner.dist import DistInfo, destroy_process_group, init_process_group
