@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from torch import nn
 
 from runner import collectives, trackers
 from runner import dist as distributed
@@ -50,6 +51,25 @@ class AcceleratorExtras:
             self._prepared_loaders: list = []
         return self._prepared_loaders
 
+    # Accelerate's one-kind-at-a-time names for prepare()
+    def prepare_model(self, model: nn.Module) -> nn.Module:
+        return self._prepare_one(_expect(model, nn.Module, "prepare_model"))
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer):
+        return self._prepare_one(_expect(optimizer, torch.optim.Optimizer, "prepare_optimizer"))
+
+    def prepare_scheduler(self, scheduler):
+        return self._prepare_one(_expect(scheduler, torch.optim.lr_scheduler.LRScheduler, "prepare_scheduler"))
+
+    def prepare_data_loader(self, loader: torch.utils.data.DataLoader):
+        return self._prepare_one(_expect(loader, torch.utils.data.DataLoader, "prepare_data_loader"))
+
+    @contextmanager
+    def local_main_process_first(self):
+        """Each machine's local main process runs the block first, then that machine's others."""
+        with distributed.local_main_first(self.dist):
+            yield
+
     def set_trigger(self) -> None:
         """Raise this process's flag; check_trigger() then tells every process (e.g. to stop early)."""
         self._trigger = True
@@ -71,6 +91,15 @@ class AcceleratorExtras:
     def on_local_main_process(self, function):
         """Decorator: the function runs on each machine's local main process only."""
         return _run_if(function, lambda: self.is_local_main_process)
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.process_index == self.num_processes - 1
+
+    def save(self, obj: Any, f) -> None:
+        """torch.save(obj, f) on the main process only (Accelerate's accelerator.save)."""
+        if self.is_main_process:
+            torch.save(obj, f)
 
     def on_last_process(self, function):
         return _run_if(function, lambda: self.process_index == self.num_processes - 1)
@@ -145,3 +174,12 @@ def _run_if(function, condition):
         return function(*args, **kwargs) if condition() else None
 
     return wrapper
+
+
+def _expect(obj: Any, kind: type, method: str) -> Any:
+    if not isinstance(obj, kind):
+        name = {nn.Module: "torch.nn.Module", torch.optim.Optimizer: "torch.optim.Optimizer",
+                torch.utils.data.DataLoader: "torch.utils.data.DataLoader"}.get(kind, "torch LR scheduler")
+        raise TypeError(f"Accelerator.{method}() takes a {name}, not a {type(obj).__name__}; "
+                        "accelerator.prepare() takes any of them")
+    return obj

@@ -295,6 +295,22 @@ def test_process_decorators_run_only_where_they_say():
     assert calls == [("main", 0), ("local", 0), ("local", 1), ("two", 2), ("last", 2)]
 
 
+def test_prepare_one_kind_at_a_time_and_main_only_save(tmp_path):
+    accelerator = Accelerator("cpu", gradient_accumulation_steps=2)
+    model = accelerator.prepare_model(nn.Linear(1, 1))
+    optimizer = accelerator.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=1.0))
+    scheduler = accelerator.prepare_scheduler(torch.optim.lr_scheduler.StepLR(optimizer, 1))
+    loader = accelerator.prepare_data_loader(make_loader(4, 2))
+    assert isinstance(scheduler, AcceleratedScheduler) and [b[0].tolist() for b in loader] == [[0, 1], [2, 3]]
+    accelerator.save({"w": 1}, tmp_path / "main.pt")
+    Accelerator("cpu", dist=DistInfo(rank=1, world_size=2)).save({"w": 2}, tmp_path / "other.pt")
+    assert torch.load(tmp_path / "main.pt") == {"w": 1} and not (tmp_path / "other.pt").exists()
+    assert accelerator.is_last_process
+    with pytest.raises(TypeError) as error:
+        accelerator.prepare_model(optimizer)
+    assert "prepare_model() takes a torch.nn.Module, not a AcceleratedOptimizer" in str(error.value)
+
+
 def test_trigger_register_for_checkpointing_and_free_memory():
     accelerator = Accelerator("cpu")
     assert not accelerator.check_trigger()
@@ -353,7 +369,8 @@ def check(two_processes, name: str) -> list:
 def test_two_processes_at_batch_b_reproduce_one_process_at_2b(two_processes, case):
     """The loader's own generator; the global RNG with each process seeded differently (rank 0's shuffle wins);
     split_batches at the one-process batch; a sampler of the user's own whose generator is seeded differently on
-    each process (rank 0's state is given to all, as Accelerate does). Same global order every step of 2 epochs, same parameters."""
+    each process (rank 0's state is given to all, as Accelerate does). Same global order every step of 2 epochs,
+    same parameters."""
     for result in check(two_processes, "reproduce"):
         (plain_order, plain_params), (order, params) = result[case]["plain"], result[case]["two"]
         assert len(order) == 10 and order == plain_order
