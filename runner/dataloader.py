@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from runner.errors import ConfigError, Problem
+from runner.prepared import tree_map
 from runner.sharding import (
     BatchShard, IterableShard, WithReal, marking_last, sync_generators, with_agreed_shuffle,
 )
@@ -67,8 +68,8 @@ class PreparedDataLoader:
     """This process's batches of a DataLoader, on the device (see the module docstring)."""
 
     def __init__(self, loader: DataLoader, num_processes: int, process_index: int, config, shared,
-                 device: torch.device, original: DataLoader | None = None):
-        self.original = original or loader
+                 device: torch.device):
+        self.original = loader
         self.loader, self.batch_shard = shard(loader, num_processes, process_index, config)
         self.num_processes, self.split_batches = num_processes, config.split_batches
         self.shared, self.device, self.non_blocking = shared, device, config.non_blocking
@@ -102,7 +103,7 @@ class PreparedDataLoader:
         return self.loader.sampler
 
     def __len__(self) -> int:
-        return len(self.loader)
+        return max(0, len(self.loader) - self._skip_drawn)
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next pass shuffles for (passed on to samplers and datasets that have set_epoch)."""
@@ -159,8 +160,6 @@ class PreparedDataLoader:
     def _on_device(self, batch: Any) -> Any:
         if self.device.type == "cpu":
             return batch
-        from runner.prepared import tree_map
-
         return tree_map(lambda tensor: tensor.to(self.device, non_blocking=self.non_blocking), batch)
 
     def __getstate__(self) -> dict:

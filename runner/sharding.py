@@ -7,7 +7,8 @@ model for these rules):
 - whole batches (default): process 0 draws [0, 1] then [4, 5], process 1 [2, 3] then [6, 7]: one step of two
   processes sees exactly what one step of one process with twice the batch sees, in the same order;
 - `split_batches`: each batch is split, process 0 draws [0], [2], [4], [6] and process 1 [1], [3], [5], [7];
-- the end: with `even_batches` the last global batch is completed with samples from the start, so every process
+- the end: with `even_batches` the last global batch is completed with the first batch's samples (cycled; an
+  IterableDataset's with the first global batch's, as Accelerate's IterableDatasetShard does), so every process
   takes the same number of steps with batches of one size, and each batch says how many of its samples are real
   (what `gather_for_metrics` keeps); without it the last processes get fewer (or shorter) batches; a batch
   sampler with drop_last drops the incomplete tail.
