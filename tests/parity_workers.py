@@ -141,7 +141,12 @@ def loaders_of_every_kind() -> dict:
     word_metrics = []
     for batch in words:
         word_metrics += accelerator.gather_for_metrics(batch)
+    torch.manual_seed(accelerator.process_index)  # the seedable sampler must not depend on the global RNG
+    seeded = Accelerator("cpu", dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=3))
+    shuffled = seeded.prepare(DataLoader(TensorDataset(torch.arange(8)), batch_size=2, shuffle=True))
+    seeded_order = [sum((seeded.gather(batch[0]).tolist() for batch in shuffled), []) for _ in range(2)]
     return {
+        "seeded": seeded_order,
         "stream": drawn, "stream_metrics": metrics,
         "custom": [batch[0].tolist() for batch in custom],
         "by_key_metrics": key_metrics,

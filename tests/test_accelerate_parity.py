@@ -385,6 +385,13 @@ def test_two_processes_deal_iterable_custom_and_key_loaders(two_processes):
     assert zero["uneven"] == [[0, 1], [4, 5], [8, 9]] and one["uneven"] == [[2, 3], [6, 7]]
 
 
+def test_two_processes_agree_on_the_seedable_sampler_without_asking(two_processes):
+    for result in check(two_processes, "loaders"):
+        # Epoch e shuffles with data_seed + e on every process: together they draw that permutation, in order.
+        assert result["seeded"] == [torch.randperm(8, generator=torch.Generator().manual_seed(seed)).tolist()
+                                    for seed in (3, 4)]
+
+
 def test_gather_for_metrics_drops_the_repeats_of_streams_keys_and_objects(two_processes):
     for result in check(two_processes, "loaders"):
         assert result["stream_metrics"] == list(range(11))
