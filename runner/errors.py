@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,3 +145,15 @@ def no_stray_tracebacks() -> None:
                                           args.exc_value)
 
     threading.excepthook = quietly
+
+    previous = sys.unraisablehook
+
+    def interrupt_quietly(unraisable) -> None:
+        # Ctrl-C landing inside a finalizer or weakref callback (Python cannot raise it there): it is already
+        # being handled (the launcher ends every rank), so no "Exception ignored in ..." traceback on the console.
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            logging.getLogger("runner").debug("Ctrl-C during %r, ignored", unraisable.object)
+            return
+        previous(unraisable)
+
+    sys.unraisablehook = interrupt_quietly
