@@ -28,7 +28,6 @@ from torch import nn
 
 from runner import dist as distributed
 from runner import parallel
-from runner import state as saved_state
 from runner.config import ParallelConfig
 from runner.devices import Hardware, for_device, this_process
 from runner.data.batches import _Batches
@@ -365,6 +364,8 @@ class Accelerator(AcceleratorExtras):
         """Save every prepared model, optimizer and scheduler, the scaler and each process's RNG state."""
         directory = Path(directory)
         models = [self.unwrap_model(model) for model in self._models]
+        from runner import state as saved_state  # safetensors: only for a loop that saves
+
         saved_state.save(directory, models, self._optimizers, self._schedulers, self.scaler,
                          self.dist.rank, self.is_main_process)
         self.wait_for_everyone()
@@ -372,6 +373,8 @@ class Accelerator(AcceleratorExtras):
 
     def load_state(self, directory: str | Path) -> None:
         """Restore what save_state wrote into the objects prepared (in the same order) by this Accelerator."""
+        from runner import state as saved_state
+
         saved_state.load(Path(directory), [self.unwrap_model(m) for m in self._models], self._optimizers,
                          self._schedulers, self.scaler, self.dist.rank)
 

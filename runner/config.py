@@ -12,8 +12,6 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, List, Optional
 
-from hydra.core.config_store import ConfigStore
-from omegaconf import OmegaConf
 
 
 class HardwareKind(str, Enum):
@@ -234,7 +232,11 @@ class RunConfig:
 def register_configs() -> None:
     """Register the schema so `conf/config.yaml` can list `runner_schema` first in its defaults, and the
     resolvers: `runner_direction` (the search configs optimize in the direction of `trainer.monitor_mode`), the
-    two that give all torchrun ranks one run dir and each its own Hydra log file, and `runner.in_run_dir`."""
+    two that give all torchrun ranks one run dir and each its own Hydra log file, and `runner.in_run_dir`.
+    Hydra and OmegaConf are imported here, not with the module: `from runner import Accelerator` needs neither."""
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
     ConfigStore.instance().store(name="runner_schema", node=RunConfig)
     if not OmegaConf.has_resolver("runner_direction"):
         OmegaConf.register_new_resolver("runner_direction", optuna_direction)
