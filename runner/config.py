@@ -42,6 +42,7 @@ class NonFinitePolicy(str, Enum):
 
 
 class StartMethod(str, Enum):
+    auto = "auto"
     spawn = "spawn"
     fork = "fork"
     forkserver = "forkserver"
@@ -64,9 +65,10 @@ class HardwareConfig:
     threads_per_process: Optional[int] = None
     """CPU threads (torch.set_num_threads) in each worker of a multi-process run. None: this machine's cores divided
     by its worker processes, so N workers do not oversubscribe the cores."""
-    start_method: StartMethod = StartMethod.spawn
-    """How workers are started: spawn (safe everywhere; costs seconds per launch), fork (a fraction of a second;
-    CPU only: unsafe once CUDA is initialised), forkserver."""
+    start_method: StartMethod = StartMethod.auto
+    """How workers are started: auto (fork for CPU processes on Linux, else spawn), spawn (safe everywhere; costs
+    seconds per launch: each worker imports torch, Hydra and datasets again), fork (a fraction of a second; CPU
+    only: unsafe once CUDA is initialised), forkserver."""
     num_machines: int = 1
     """Machines in the run; each one runs the same command with its own machine_rank."""
     machine_rank: int = 0

@@ -12,6 +12,7 @@ from the environment and NVML alone (never initialising CUDA) and exported (`Har
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -61,6 +62,7 @@ class Hardware:
     external_launcher: bool = False
     """torchrun or SLURM started one process per rank already: the runner starts none."""
     start_method: StartMethod = StartMethod.spawn
+    """Never auto: resolve_hardware picks fork or spawn for the device."""
     threads_per_process: int | None = None
     timeout_s: int = 600
     shutdown_timeout_s: int = 10
@@ -115,6 +117,15 @@ class Hardware:
         return "\n".join(["GPU assignment (physical id -> local rank -> device):", *rows])
 
 
+def _start_method(asked: StartMethod, device_type: str) -> StartMethod:
+    """auto: fork where it is safe and fast (CPU workers on Linux: the launcher has not started CUDA, and a forked
+    worker inherits the imports instead of repeating them, seconds on 2 cores; benchmarks/distributed.py), spawn
+    elsewhere (CUDA cannot survive a fork; macOS system libraries are not fork-safe)."""
+    if asked is not StartMethod.auto:
+        return asked
+    return StartMethod.fork if device_type == "cpu" and sys.platform.startswith("linux") else StartMethod.spawn
+
+
 def resolve_hardware(settings: HardwareConfig, gpu_ids=None) -> Hardware:
     """The Hardware this machine offers for these settings; what does not fit is listed in `.problems`."""
     kind = _resolve_kind(settings.kind)
@@ -137,7 +148,8 @@ def resolve_hardware(settings: HardwareConfig, gpu_ids=None) -> Hardware:
     hardware = Hardware(
         kind=kind, device_type=meaning.device_type, processes_per_machine=processes, num_machines=machines,
         machine_rank=settings.machine_rank, physical_gpus=tuple(selection.physical or ()),
-        cuda_visible_devices=selection.export, external_launcher=external, start_method=settings.start_method,
+        cuda_visible_devices=selection.export, external_launcher=external,
+        start_method=_start_method(settings.start_method, meaning.device_type),
         threads_per_process=settings.threads_per_process, timeout_s=settings.timeout_s,
         shutdown_timeout_s=settings.shutdown_timeout_s, max_restarts=settings.max_restarts,
         main_process_ip=settings.main_process_ip,

@@ -240,3 +240,15 @@ def test_hardware_tpu_runs_the_whole_worker_through_torch_xla_calls(cli, tmp_pat
     assert recorded.count("optimizer_step") == 2 and recorded.count("sync") == 2
     assert recorded.count("MpDeviceLoader") == 2  # the train and validation batches
     assert "precision fp32" in (result.run_dir() / "runner.log").read_text()
+
+
+def test_start_method_auto_forks_cpu_workers_on_linux_and_spawns_for_cuda(monkeypatch):
+    from runner.config import HardwareConfig, HardwareKind, StartMethod
+    from runner.devices import _start_method, resolve_hardware
+
+    assert resolve_hardware(HardwareConfig(kind=HardwareKind.multi_cpu)).start_method is (
+        StartMethod.fork if sys.platform.startswith("linux") else StartMethod.spawn)
+    assert _start_method(StartMethod.auto, "cuda") is StartMethod.spawn
+    assert _start_method(StartMethod.spawn, "cpu") is StartMethod.spawn  # asked for: kept
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert _start_method(StartMethod.auto, "cpu") is StartMethod.spawn
