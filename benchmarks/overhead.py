@@ -185,7 +185,7 @@ def runner_fit(workload: Workload, steps: int, splits, run_dir: Path) -> dict[st
     clock = Clock()
     final = loop.fit()
     elapsed = clock.read()
-    loop.logger.log_hparams({"benchmark": workload.name}, final)
+    loop.logger.log_final({"benchmark": workload.name}, final)
     loop.logger.close()
     assert 0 <= final["val/accuracy"] <= 1
     return elapsed
