@@ -26,7 +26,7 @@ from runner.dist import local_main_first
 from runner.loop import Loop, planned_steps
 from runner.callbacks import RunContext, build_callbacks
 from runner.debug import fast_dev_run_note, overfit_splits
-from runner.loggers import RunInfo, make_logger
+from runner.loggers import LogSink, Loggers, NullLogger, RunInfo, make_logger
 from runner.metrics import Progress
 from runner.plan import BatchPlan
 from runner.signals import StopSignals
@@ -93,7 +93,8 @@ def make_loop(parts: Parts, config: RunConfig, batch: BatchPlan, accelerator: Ac
     if not writes:
         log.info("%s", fast_dev_run_note(trainer))
     run = RunInfo(config.logging.name or run_dir.name, tuple(config.logging.tags), config.logging.notes)
-    logger = make_logger(run_dir, is_main and writes, config.logger, config.logging.jsonl, start_step, run)
+    logger = (make_logger(run_dir, is_main, config.logger, config.logging.jsonl, start_step, run) if writes
+              else Loggers([LogSink()]) if is_main else NullLogger())
     callbacks = build_callbacks(config.callbacks, RunContext(run_dir, accelerator.dist.rank, is_main and writes))
     checkpointer = (Checkpointer(run_dir, config.checkpoint, writer=is_main, monitor=trainer.monitor,
                                  monitor_mode=trainer.monitor_mode, world_size=accelerator.num_processes,
