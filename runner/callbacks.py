@@ -310,9 +310,9 @@ class Profiler(Callback):
         if loop.accelerator.device.type == "cuda":
             activities.append(ProfilerActivity.CUDA)
         trace_dir = self.run.run_dir / "profiler"
+        write_trace = tensorboard_trace_handler(str(trace_dir), worker_name=f"rank{self.run.rank}")
         self._profiler = profile(activities=activities, schedule=schedule(**self.window, repeat=1),
-                                 on_trace_ready=tensorboard_trace_handler(str(trace_dir), worker_name=f"rank{self.run.rank}"),
-                                 **self.options)
+                                 on_trace_ready=write_trace, **self.options)
         self._profiler.start()
         log.info("profiling steps %d to %d into %s", loop.state.step + self.window["wait"] + self.window["warmup"] + 1,
                  loop.state.step + sum(self.window.values()), trace_dir)

@@ -182,7 +182,8 @@ class CsvSink(_FileSink):
         pass  # hparams.csv, with the final metrics, at the end
 
     def log_final(self, config: dict[str, Any], final_metrics: dict[str, float]) -> None:
-        with self._writing("csv/hparams.csv"), open(self._dir / "hparams.csv", "w", newline="", encoding="utf-8") as file:
+        path = self._dir / "hparams.csv"
+        with self._writing("csv/hparams.csv"), open(path, "w", newline="", encoding="utf-8") as file:
             writer = csv.writer(file)
             writer.writerow(["key", "value"])
             writer.writerows(flatten_hparams(config).items())
@@ -246,7 +247,6 @@ class WandbSink:
             import wandb
         except ImportError:
             raise _missing_extra("wandb", "wandb", "wandb") from None
-        self._wandb = wandb
         self._run = wandb.init(project=project, entity=entity, name=run.name, tags=list(run.tags) or None,
                                notes=run.notes, group=group, dir=str(run_dir), mode=mode, resume="allow",
                                id=_tracker_id(run_dir))
