@@ -144,3 +144,17 @@ def no_stray_tracebacks() -> None:
                                           args.exc_value)
 
     threading.excepthook = quietly
+
+    import sys
+
+    print_unraisable = sys.unraisablehook
+
+    def unraisable(args) -> None:
+        # Ctrl-C landing in a finalizer (a WeakSet callback during garbage collection): Python would print
+        # "Exception ignored in ... Traceback ... KeyboardInterrupt"; the main thread reports the interrupt itself.
+        if isinstance(args.exc_value, KeyboardInterrupt):
+            logging.getLogger("runner").debug("Ctrl-C arrived in %r", args.object)
+            return
+        print_unraisable(args)
+
+    sys.unraisablehook = unraisable
