@@ -2,7 +2,7 @@
 sub-folder per class: a folder of images like a user's own, for `recipe=image_folder`.
 
     python benchmarks/digits_folder.py digits_png
-    python -m runner recipe=image_folder data.train=digits_png model.num_classes=10 model.flip=false
+    python -m runner recipe=image_folder data.train=digits_png model.flip=false
 
 Pixels 0..16 are scaled to 0..255 as `data=digits_images` scales them (runner/data/images.py). The files stay 8x8
 and greyscale: the recipe decodes each once, as RGB resized to `data.image_size` (32), like any folder of photos.

@@ -4,12 +4,17 @@ from runner.accelerator import Accelerator, set_seed
 from runner.config import (
     CheckpointConfig, HardwareConfig, LoggingConfig, ParallelConfig, PrecisionConfig, RunConfig, TrainerConfig,
 )
+from runner.options import DataLoaderConfiguration, DistributedType, GradientAccumulationPlugin, GradScalerKwargs
 from runner.parallel import DistributedDataParallelKwargs
 from runner.errors import CheckpointError, ConfigError, DataError, HardwareError, LaunchError, RunnerError
 
 __all__ = [
     "Accelerator",
     "DistributedDataParallelKwargs",
+    "DataLoaderConfiguration",
+    "DistributedType",
+    "GradientAccumulationPlugin",
+    "GradScalerKwargs",
     "set_seed",
     "RunConfig",
     "HardwareConfig",

@@ -28,21 +28,25 @@ from torch import nn
 
 from runner import dist as distributed
 from runner import parallel
-from runner import state as saved_state
 from runner.config import ParallelConfig
 from runner.devices import Hardware, for_device, this_process
 from runner.data.batches import _Batches
 from runner.dist import DistInfo
 from runner.precision import Precision
-from runner.prepared import (
-    AcceleratedOptimizer, AcceleratedScheduler, DeviceBatches, SharedState, shard_dataloader, tree_map,
+from runner import collectives
+from runner.accelerator_extras import AcceleratorExtras
+from runner.dataloader import PreparedDataLoader
+from runner.trackers import kinds as tracker_kinds
+from runner.options import (
+    DataLoaderConfiguration, DistributedType, accumulation_steps, distributed_type, make_scaler, split_handlers,
 )
+from runner.prepared import AcceleratedOptimizer, AcceleratedScheduler, DeviceBatches, SharedState, tree_map
 
 ACCELERATE_PRECISION = {"no": "fp32", None: "fp32"}  # Accelerate's mixed_precision names that differ from ours
 _NO_SYNC = nullcontext()
 
 
-class Accelerator:
+class Accelerator(AcceleratorExtras):
     def __init__(
         self,
         device: str | torch.device | None = None,
@@ -56,12 +60,18 @@ class Accelerator:
         parallel: ParallelConfig | None = None,
         kwargs_handlers: list | None = None,
         cpu: bool = False,
+        dataloader_config: DataLoaderConfiguration | None = None,
+        gradient_accumulation_plugin=None,
+        step_scheduler_with_optimizer: bool = True,
+        project_dir: str | Path | None = None,
+        log_with: str | list | None = None,
     ):
         """`precision`/`mixed_precision`: fp32 (Accelerate's "no"), bf16, fp16, fp8. The device: `hardware` (what
         the runner resolved), else `device` ("cpu", "cuda", "xla" for a TPU through torch_xla), else this process's
         GPU when CUDA is present (`cpu=True`: the CPU). `parallel` or a DistributedDataParallelKwargs in
         `kwargs_handlers`: DDP's settings. `mixed_precision`, `gradient_accumulation_steps`, `cpu` and
-        `kwargs_handlers` are Accelerate's names."""
+        `kwargs_handlers` are Accelerate's names, as are `dataloader_config`, `gradient_accumulation_plugin`,
+        `step_scheduler_with_optimizer`, `project_dir` and `log_with` (runner/options.py, runner/trackers.py)."""
         self.dist = dist or DistInfo.from_env()
         if hardware is None:
             hardware = for_device("cpu" if cpu else device) if (cpu or device is not None) else this_process()
@@ -78,9 +88,17 @@ class Accelerator:
         self.device = torch.device(device) if explicit else hardware.device(self.dist.local_rank, self.xla)
         kind = precision or ACCELERATE_PRECISION.get(mixed_precision, mixed_precision)
         self.precision = Precision(kind, self.device.type)
-        self.scaler = self.precision.make_scaler()
-        self.gradient_accumulation_steps = gradient_accumulation_steps or grad_accum_steps
-        self.parallel = parallel or _ddp_settings(kwargs_handlers)
+        ddp_settings, scaler_settings = split_handlers(kwargs_handlers)
+        self.scaler = make_scaler(self.precision.make_scaler(), self.device.type, scaler_settings)
+        self.gradient_accumulation_steps, self.gradient_accumulation_plugin = accumulation_steps(
+            gradient_accumulation_steps, grad_accum_steps, gradient_accumulation_plugin)
+        self.parallel = parallel or ddp_settings or ParallelConfig()
+        self.dataloader_config = dataloader_config or DataLoaderConfiguration()
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        self.project_dir = None if project_dir is None else Path(project_dir)
+        self.log_with = tracker_kinds(log_with)
+        self.trackers: list = []
+        self._trigger = False
         self.shared = SharedState()
         self._micro_steps = 0
         self._models: list[nn.Module] = []
@@ -112,6 +130,33 @@ class Accelerator:
     @property
     def mixed_precision(self) -> str:
         return self.precision.kind.value
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        return distributed_type(self.device.type, self.num_processes, getattr(self.parallel.kind, "value", "ddp"))
+
+    @property
+    def state(self) -> "Accelerator":
+        """Accelerate's AcceleratorState: here the Accelerator itself answers the same questions (device,
+        distributed_type, num_processes, process_index, mixed_precision...); there is no global state."""
+        return self
+
+    @property
+    def gradient_state(self) -> SharedState:
+        """sync_gradients, end_of_dataloader, in_dataloader, active_dataloader, as Accelerate's GradientState."""
+        return self.shared
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.num_processes > 1
+
+    @property
+    def split_batches(self) -> bool:
+        return self.dataloader_config.split_batches
+
+    @property
+    def even_batches(self) -> bool:
+        return self.dataloader_config.even_batches
 
     @property
     def sync_gradients(self) -> bool:
@@ -149,9 +194,7 @@ class Accelerator:
         if isinstance(obj, _Batches):
             return self._on_device(obj.shard(self.dist.rank, self.dist.world_size))
         if isinstance(obj, torch.utils.data.DataLoader):
-            if self.dist.is_distributed:
-                obj = shard_dataloader(obj, self.dist.rank, self.dist.world_size, self.shared)
-            return self._on_device(obj)
+            return self._prepare_dataloader(obj)
         if isinstance(obj, torch.optim.lr_scheduler.LRScheduler):
             return self._prepare_scheduler(obj)
         if obj is None:
@@ -176,11 +219,39 @@ class Accelerator:
         self._optimizers.append(optimizer)
         return optimizer
 
+    def _prepare_dataloader(self, loader: torch.utils.data.DataLoader):
+        """This process's share of the loader's batches (runner/dataloader.py). One CPU process that neither
+        accumulates nor reseeds gets its own loader back: there is nothing to share or to mark."""
+        config = self.dataloader_config
+        if (self.num_processes == 1 and self.device.type == "cpu" and self.xla is None
+                and self.gradient_accumulation_steps == 1
+                and not config.use_seedable_sampler):
+            return loader
+        prepared = PreparedDataLoader(loader, self.num_processes, self.process_index, config, self.shared,
+                                      torch.device("cpu") if self.xla is not None else self.device)
+        self.prepared_loaders.append(prepared)
+        return self.xla.loader(prepared, self.device) if self.xla is not None else prepared
+
     def _prepare_scheduler(self, scheduler):
-        if self.scaler is not None or self.gradient_accumulation_steps > 1:
-            scheduler = AcceleratedScheduler(scheduler, self.shared, self._optimizers)
+        # Accelerate's convention, followed by default: N processes each drawing a whole batch take N times the
+        # samples of one step, so a schedule written for one process steps N times per optimizer step (once
+        # with split_batches: a step then covers the batch one process had). step_scheduler_with_optimizer=False:
+        # the schedule is the user's to step, on every call. The runner's own loop splits its global batch
+        # (runner/worker.py passes split_batches=True), so it steps once.
+        steps = 1 if self.split_batches else self.num_processes
+        if self.step_scheduler_with_optimizer and (self.scaler is not None or self.gradient_accumulation_steps > 1
+                                                   or steps > 1):
+            scheduler = AcceleratedScheduler(scheduler, self.shared, self._optimizers, steps)
         self._schedulers.append(scheduler)
         return scheduler
+
+    def skip_first_batches(self, dataloader, num_batches: int = 0):
+        """A loader that passes over this process's first `num_batches` batches (to resume mid-epoch); use the
+        original loader for the epochs after."""
+        if not isinstance(dataloader, PreparedDataLoader):
+            dataloader = PreparedDataLoader(dataloader, self.num_processes, self.process_index,
+                                            self.dataloader_config, self.shared, self.device)
+        return dataloader.skipping(num_batches)
 
     def _on_device(self, batches):
         if self.xla is not None:
@@ -195,11 +266,22 @@ class Accelerator:
 
     def accumulate(self, *models: nn.Module):
         """Context for one micro-batch: counts it, and on all but the last of a cycle skips DDP's gradient
-        all-reduce (no_sync), while prepared optimizers and schedulers hold their step until the cycle ends."""
-        self._micro_steps += 1
-        self.shared.sync_gradients = self._micro_steps % self.gradient_accumulation_steps == 0
-        if self.shared.sync_gradients:
+        all-reduce (no_sync), while prepared optimizers and schedulers hold their step until the cycle ends. The
+        last batch of a prepared DataLoader ends the cycle (sync_with_dataloader); sync_each_batch all-reduces
+        every micro-batch and still steps once per cycle."""
+        plugin = self.gradient_accumulation_plugin
+        if plugin.sync_with_dataloader and self.shared.end_of_dataloader:
+            self._micro_steps = 0
+            self.shared.sync_gradients = True
+        else:
+            self._micro_steps += 1
+            self.shared.sync_gradients = self._micro_steps % self.gradient_accumulation_steps == 0
+        if self.shared.sync_gradients or plugin.sync_each_batch:
             return _NO_SYNC
+        return self.no_sync(*models)
+
+    def no_sync(self, *models: nn.Module):
+        """Context in which DDP models keep their gradients local (no all-reduce); a no-op for other models."""
         stack = ExitStack()
         for model in models:
             if isinstance(model, nn.parallel.DistributedDataParallel):
@@ -232,28 +314,39 @@ class Accelerator:
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         """The user's module, without the DDP (or torch.compile) wrapper around it."""
-        if isinstance(model, nn.parallel.DistributedDataParallel):
-            model = model.module
-        return getattr(model, "_orig_mod", model)
+        while isinstance(model, nn.parallel.DistributedDataParallel) or hasattr(model, "_orig_mod"):
+            model = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model._orig_mod
+        return model
 
     # -- across processes -----------------------------------------------------------------------------------------
 
+    def _collective(self) -> None:
+        distributed.require_group(self.num_processes)
+
     def gather(self, tensors: Any) -> Any:
         """Every process's tensors concatenated along dim 0, in rank order (0-d tensors become 1 element each)."""
+        self._collective()
         return tree_map(distributed.all_gather_cat, tensors)
 
-    def gather_for_metrics(self, tensors: Any) -> Any:
-        """`gather`, minus the samples a DistributedSampler repeated to even out the last batch."""
-        real = self.shared.real_samples
-        if real is not None:
-            tensors = tree_map(lambda tensor: tensor[:real], tensors)
-        return self.gather(tensors)
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """`gather` (of tensors; other objects are gathered as objects, lists flattened), minus the samples that
+        were repeated to complete the last global batch of a prepared DataLoader."""
+        self._collective()
+        return collectives.gather_for_metrics(input_data, self.shared.real_samples, use_gather_object)
 
     def reduce(self, tensors: Any, reduction: str = "sum") -> Any:
         """A copy of the tensors reduced over all processes: "sum", "mean", "max" or "min"."""
+        self._collective()
         return tree_map(lambda tensor: distributed.all_reduce(tensor.clone(), reduction), tensors)
 
+    def pad_across_processes(self, tensors: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False):
+        """Each tensor padded (with `pad_index`, at the end or `pad_first`) along `dim` to the largest size any
+        process has there, so they can be gathered."""
+        self._collective()
+        return collectives.pad(tensors, dim, pad_index, pad_first)
+
     def wait_for_everyone(self) -> None:
+        self._collective()
         distributed.barrier()
 
     @contextmanager
@@ -271,6 +364,8 @@ class Accelerator:
         """Save every prepared model, optimizer and scheduler, the scaler and each process's RNG state."""
         directory = Path(directory)
         models = [self.unwrap_model(model) for model in self._models]
+        from runner import state as saved_state  # safetensors: only for a loop that saves
+
         saved_state.save(directory, models, self._optimizers, self._schedulers, self.scaler,
                          self.dist.rank, self.is_main_process)
         self.wait_for_everyone()
@@ -278,6 +373,8 @@ class Accelerator:
 
     def load_state(self, directory: str | Path) -> None:
         """Restore what save_state wrote into the objects prepared (in the same order) by this Accelerator."""
+        from runner import state as saved_state
+
         saved_state.load(Path(directory), [self.unwrap_model(m) for m in self._models], self._optimizers,
                          self._schedulers, self.scaler, self.dist.rank)
 
@@ -292,11 +389,3 @@ def set_seed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def _ddp_settings(kwargs_handlers: list | None) -> ParallelConfig:
-    """DDP's settings from Accelerate-style kwargs handlers (a DistributedDataParallelKwargs among them)."""
-    for handler in kwargs_handlers or []:
-        if isinstance(handler, parallel.DistributedDataParallelKwargs):
-            return handler.to_config()
-    return ParallelConfig()

@@ -12,8 +12,6 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from hydra.core.config_store import ConfigStore
-from omegaconf import OmegaConf
 
 
 class HardwareKind(str, Enum):
@@ -184,8 +182,10 @@ class CheckpointConfig:
     """Save at the end of every epoch (the run always saves at its end)."""
     every_n_steps: Optional[int] = None
     """Also save every N optimizer steps (None: only at epoch ends and at the end)."""
-    keep_last: Optional[int] = None
-    """Keep only the K newest checkpoints, plus the keep_best ones (None: keep every checkpoint)."""
+    keep_last: Optional[int] = 3
+    """Keep only the K newest checkpoints, plus the keep_best ones (None: keep every checkpoint). Three, so a
+    20-epoch run does not fill the disk with 20 copies, while a checkpoint spoiled by a crash still has older
+    ones behind it."""
     keep_best: int = 0
     """Also keep the K checkpoints with the best trainer.monitor value (trainer.monitor_mode says which is better).
     When K > 0, a checkpoint is also saved after every evaluation, the only time the metric is known."""
@@ -262,7 +262,11 @@ class RunConfig:
 def register_configs() -> None:
     """Register the schema so `conf/config.yaml` can list `runner_schema` first in its defaults, and the
     resolvers: `runner_direction` (the search configs optimize in the direction of `trainer.monitor_mode`), the
-    two that give all torchrun ranks one run dir and each its own Hydra log file, and `runner.in_run_dir`."""
+    two that give all torchrun ranks one run dir and each its own Hydra log file, and `runner.in_run_dir`.
+    Hydra and OmegaConf are imported here, not with the module: `from runner import Accelerator` needs neither."""
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
     ConfigStore.instance().store(name="runner_schema", node=RunConfig)
     if not OmegaConf.has_resolver("runner_direction"):
         OmegaConf.register_new_resolver("runner_direction", optuna_direction)

@@ -205,6 +205,19 @@ def single_process() -> bool:
     return True
 
 
+def require_group(world_size: int) -> None:
+    """Refuse a collective among `world_size` > 1 processes when this one has joined no group: it would act on
+    this process's data alone, silently."""
+    if world_size > 1 and not torch_dist.is_initialized():
+        from runner.errors import LaunchError
+
+        raise LaunchError(
+            f"this Accelerator counts {world_size} processes, but this process has joined no process group, so a "
+            "collective (gather, reduce, wait_for_everyone...) would act on its data alone; start the processes "
+            "with torchrun, runner.launch or srun (Accelerator() then joins the group), or call "
+            "torch.distributed.init_process_group() before making the Accelerator")
+
+
 def barrier() -> None:
     if not single_process():
         torch_dist.barrier()
@@ -263,6 +276,37 @@ def all_gather_object(obj: Any) -> list[Any]:
     gathered: list[Any] = [None] * torch_dist.get_world_size()
     torch_dist.all_gather_object(gathered, obj)
     return gathered
+
+
+def broadcast(tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
+    """Overwrite `tensor` (in place) with rank `src`'s on every rank (a no-op in a single process). A CPU tensor
+    travels through the GPU on NCCL, which carries GPU tensors only."""
+    if single_process():
+        return tensor
+    if tensor.device.type == "cpu" and torch_dist.get_backend() == "nccl":
+        on_gpu = tensor.to(torch.device("cuda", torch.cuda.current_device()))
+        torch_dist.broadcast(on_gpu, src=src)
+        return tensor.copy_(on_gpu.cpu())
+    torch_dist.broadcast(tensor, src=src)
+    return tensor
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank `src`'s `obj` (any picklable object) on every rank; other ranks' `obj` is ignored."""
+    if single_process():
+        return obj
+    box = [obj]
+    torch_dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def scatter_object(pieces: list[Any] | None, src: int = 0) -> Any:
+    """Rank `src` hands piece i of `pieces` (one per rank, picklable) to rank i; the others pass None."""
+    if single_process():
+        return pieces[0]
+    received: list[Any] = [None]
+    torch_dist.scatter_object_list(received, pieces if torch_dist.get_rank() == src else None, src=src)
+    return received[0]
 
 
 @contextmanager

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,16 +146,14 @@ def no_stray_tracebacks() -> None:
 
     threading.excepthook = quietly
 
-    import sys
+    previous = sys.unraisablehook
 
-    print_unraisable = sys.unraisablehook
-
-    def unraisable(args) -> None:
-        # Ctrl-C landing in a finalizer (a WeakSet callback during garbage collection): Python would print
-        # "Exception ignored in ... Traceback ... KeyboardInterrupt"; the main thread reports the interrupt itself.
-        if isinstance(args.exc_value, KeyboardInterrupt):
-            logging.getLogger("runner").debug("Ctrl-C arrived in %r", args.object)
+    def interrupt_quietly(unraisable) -> None:
+        # Ctrl-C landing inside a finalizer or weakref callback (Python cannot raise it there): it is already
+        # being handled (the launcher ends every rank), so no "Exception ignored in ..." traceback on the console.
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            logging.getLogger("runner").debug("Ctrl-C during %r, ignored", unraisable.object)
             return
-        print_unraisable(args)
+        previous(unraisable)
 
-    sys.unraisablehook = unraisable
+    sys.unraisablehook = interrupt_quietly

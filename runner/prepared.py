@@ -2,29 +2,49 @@
 
 - `AcceleratedOptimizer`: steps through the GradScaler (fp16) or torch_xla, and does nothing on the micro-steps of an
   accumulation cycle that are not the last, so an Accelerate-style loop (`optimizer.step()` every batch) works.
-- `AcceleratedScheduler`: steps once per real optimizer step (not per micro-step, not after a skipped fp16 step).
-- `ShardedLoader`: a DataLoader re-made with a DistributedSampler, remembering which samples of the last batch
-  are the sampler's padding so `gather_for_metrics` can drop them.
+- `AcceleratedScheduler`: steps with each real optimizer step (not per micro-step, not after a skipped fp16 step),
+  `num_processes` times unless the batches are split (Accelerate's convention, see its docstring).
 - `DeviceBatches`: moves each batch to the device as it is drawn.
+
+A prepared DataLoader is runner/dataloader.py's `PreparedDataLoader`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import torch
-from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler
+from torch.utils import _pytree as pytree
 
 
 @dataclass
 class SharedState:
-    """What the Accelerator and the objects it prepared need to agree on."""
+    """What the Accelerator and the objects it prepared need to agree on (`accelerator.gradient_state`)."""
 
     sync_gradients: bool = True
     """False on the micro-steps of an accumulation cycle that are not its last."""
-    real_samples: int | None = None
-    """How many samples of the current batch are real (not sampler padding); None when all are."""
+    loaders: list = field(default_factory=list)
+    """The prepared DataLoaders being iterated, innermost last."""
+
+    @property
+    def active_dataloader(self):
+        return self.loaders[-1] if self.loaders else None
+
+    @property
+    def in_dataloader(self) -> bool:
+        return bool(self.loaders)
+
+    @property
+    def end_of_dataloader(self) -> bool:
+        """Whether the batch in hand is the last of the innermost prepared DataLoader."""
+        return bool(self.loaders) and self.loaders[-1].end_of_dataloader
+
+    @property
+    def real_samples(self) -> int | None:
+        """How many samples of the current batch are real (not repeats completing the last global batch)."""
+        return self.loaders[-1].real_samples if self.loaders else None
 
 
 class AcceleratedOptimizer(torch.optim.Optimizer):
@@ -107,17 +127,27 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
 
 class AcceleratedScheduler:
-    """Steps the schedule once per optimizer step that really happened."""
+    """Steps the schedule with each optimizer step that really happened, `steps` times.
 
-    def __init__(self, scheduler, state: SharedState, optimizers: list):
+    `steps` is Accelerate's convention: a schedule written for one process, whose batches N processes now draw N
+    at a time, steps N times per optimizer step (once when the batches are split: then a step covers the same
+    samples as before). The runner's own loop counts optimizer steps of the global batch, so it splits."""
+
+    def __init__(self, scheduler, state: SharedState, optimizers: list, steps: int = 1):
         self.scheduler = scheduler
         self.shared = state
         self.optimizers = optimizers
+        self.steps = steps
 
     def step(self, *args, **kwargs) -> None:
         if not self.shared.sync_gradients or any(getattr(opt, "step_was_skipped", False) for opt in self.optimizers):
             return
-        self.scheduler.step(*args, **kwargs)
+        for _ in range(self.steps):
+            # OneCycleLR raises past its total_steps, which N steps per step reach early when drop_last is off.
+            total = getattr(self.scheduler, "total_steps", None)
+            if total is not None and self.scheduler._step_count > total:
+                return
+            self.scheduler.step(*args, **kwargs)
 
     def state_dict(self) -> dict:
         return self.scheduler.state_dict()
@@ -130,64 +160,6 @@ class AcceleratedScheduler:
 
     def __getattr__(self, name: str):
         return getattr(self.scheduler, name)
-
-
-def shard_dataloader(loader: DataLoader, rank: int, world_size: int, state: SharedState) -> "ShardedLoader":
-    """The same loader, each process drawing its own 1/world_size of every epoch (DistributedSampler)."""
-    if isinstance(loader.dataset, IterableDataset) or loader.batch_size is None:
-        raise TypeError(
-            "Accelerator.prepare() shards a DataLoader over map-style datasets with batch_size set; for an "
-            "IterableDataset or a custom batch_sampler, shard the data yourself (see accelerator.process_index)"
-        )
-    sampler = DistributedSampler(
-        loader.dataset, num_replicas=world_size, rank=rank, shuffle=isinstance(loader.sampler, RandomSampler)
-    )
-    sharded = DataLoader(
-        loader.dataset, batch_size=loader.batch_size, sampler=sampler, num_workers=loader.num_workers,
-        collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, drop_last=loader.drop_last,
-        worker_init_fn=loader.worker_init_fn, persistent_workers=loader.persistent_workers,
-    )
-    return ShardedLoader(sharded, rank, world_size, len(loader.dataset), state)
-
-
-class ShardedLoader:
-    def __init__(self, loader: DataLoader, rank: int, world_size: int, num_samples: int, state: SharedState):
-        self.loader, self.shared = loader, state
-        # DistributedSampler pads the index list to a multiple of world_size by repeating its start; this
-        # process's j-th sample sits at position rank + j * world_size, so it is real while that is < num_samples.
-        self.real_here = len(range(rank, num_samples, world_size))
-        self.epoch = 0
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __iter__(self) -> Iterator[Any]:
-        # A new shuffle each pass, as Accelerate does, even when the loop never calls set_epoch.
-        self.loader.sampler.set_epoch(self.epoch)
-        self.epoch += 1
-        drawn = 0
-        try:
-            for batch in self.loader:
-                size = _batch_size(batch)
-                real = max(0, min(size, self.real_here - drawn))
-                self.shared.real_samples = real if real < size else None
-                drawn += size
-                yield batch
-        finally:
-            self.shared.real_samples = None
-
-
-def _batch_size(batch: Any) -> int:
-    if isinstance(batch, torch.Tensor):
-        return batch.shape[0]
-    if isinstance(batch, dict):
-        return _batch_size(next(iter(batch.values())))
-    if isinstance(batch, (list, tuple)):
-        return _batch_size(batch[0])
-    raise TypeError(f"cannot tell the batch size of a {type(batch).__name__}")
 
 
 class DeviceBatches:
@@ -211,11 +183,15 @@ class DeviceBatches:
 
 
 def tree_map(fn, obj: Any) -> Any:
-    """Apply fn to every tensor in a tensor, or a dict/list/tuple of them; leave other leaves alone."""
-    if isinstance(obj, torch.Tensor):
-        return fn(obj)
-    if isinstance(obj, dict):
-        return {key: tree_map(fn, value) for key, value in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(tree_map(fn, value) for value in obj)
-    return obj
+    """Apply fn to every tensor in a batch: a tensor, or any nesting of dicts, lists, tuples, namedtuples and
+    dataclasses of them (torch's pytree walks the containers; a dataclass is rebuilt field by field). Other leaves
+    (strings, numbers) are left alone."""
+    def leaf(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return fn(value)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            changed = {f.name: tree_map(fn, getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
+            return dataclasses.replace(value, **changed)
+        return value
+
+    return pytree.tree_map(leaf, obj)

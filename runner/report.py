@@ -12,7 +12,6 @@ asks `finished_result` whether a re-run may skip a job. The report files:
 from __future__ import annotations
 
 import csv
-import fcntl
 import io
 import json
 import math
@@ -316,13 +315,11 @@ def _cell(value: Any) -> str:
 @contextmanager
 def _locked(path: Path) -> Iterator[None]:
     """Jobs running in parallel (joblib, SLURM) each refresh the report when they end: one at a time."""
+    from filelock import FileLock  # portable (fcntl is POSIX-only); runner/rundir.py locks run dirs the same way
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with FileLock(str(path)):
+        yield
 
 
 def _atomic_write(path: Path, text: str) -> None:

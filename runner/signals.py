@@ -18,7 +18,8 @@ import torch
 
 from runner.errors import Preempted
 
-STARTUP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+# SIGUSR1 is POSIX-only: where it does not exist, only SIGTERM stops a starting run.
+STARTUP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGUSR1") if hasattr(signal, name))
 
 
 @contextmanager

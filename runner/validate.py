@@ -16,6 +16,7 @@ from runner.build import build_data, build_model, build_optimizer, build_schedul
 from runner.checks import check
 from runner.config import RunConfig
 from runner.data.batches import make_batches
+from runner.data.shapes import fill_from_data, sizes_wanted
 from runner.devices import Hardware
 from runner.loop import planned_steps
 from runner.plan import BatchPlan, batch_plan
@@ -38,20 +39,22 @@ def validate(config: RunConfig, hardware: Hardware, build_the_data: bool = True)
     """Raise the run's own RunnerError for anything that would stop it before its first step."""
     check(config, hardware)
     plan = batch_plan(config.trainer, hardware.world_size)
+    # A model whose sizes the data fills cannot be built without the data.
+    splits = build_data(config.data) if build_the_data or sizes_wanted(config.model) else None
+    model_node = config.model if splits is None else fill_from_data(config.model, splits["train"], config.task)
     with torch.device("meta"):
-        model = build_model(config.model)
+        model = build_model(model_node)
     optimizer = build_optimizer(config.optimizer, model.parameters())
     task = build_task(config.task)
-    if not build_the_data:
+    if splits is None:
         scheduler_steps = config.trainer.max_steps or 1
         build_scheduler(config.scheduler, optimizer, scheduler_steps)
         return Validated(model, plan, scheduler_steps, None)
-    splits = build_data(config.data)
     train = make_batches(splits["train"], plan.per_device, True, config.seed, config.trainer.data_in_memory_mb)
     _, total_steps = planned_steps(config.trainer, len(train), plan.accumulation)
     build_scheduler(config.scheduler, optimizer, total_steps)
     check_fit = getattr(task, "check_fit", None)
     if check_fit is not None:
         model.eval()
-        check_fit(model, next(iter(train)), config.model)
+        check_fit(model, next(iter(train)), model_node)
     return Validated(model, plan, total_steps, splits)

@@ -22,6 +22,7 @@ from runner.build import build_data, build_model, build_optimizer, build_schedul
 from runner.checkpoint import Checkpointer
 from runner.config import RunConfig, plain
 from runner.data.batches import make_batches
+from runner.data.shapes import fill_from_data, fit_statistics
 from runner.dist import local_main_first
 from runner.loop import Loop, planned_steps
 from runner.callbacks import RunContext, build_callbacks
@@ -54,19 +55,24 @@ class Parts:
 def build_parts(config: RunConfig, batch: BatchPlan, accelerator: Accelerator, splits=None) -> Parts:
     """Everything the loop trains, from the config (`splits`: data already built, e.g. by a benchmark)."""
     trainer = config.trainer
+    # The data first: it fills the model's null sizes (in the config itself, so checkpoints and the export record
+    # the model that was built) and the statistics of its Standardize layers (runner/data/shapes.py).
+    if splits is None:
+        with local_main_first(accelerator.dist):
+            splits = build_data(config.data)
+    config.model = fill_from_data(config.model, splits["train"], config.task)
     set_seed(config.seed)
+    model = build_model(config.model)
+    fit_statistics(model, splits["train"], config.task)
     # fp8 swaps Linear layers for Float8Linear: before the optimizer is built from the parameters.
-    model = accelerator.convert_precision(build_model(config.model))
+    model = accelerator.convert_precision(model)
     log.info("%s", model_summary(model))
     log.info("%s", accelerator.describe())
     if accelerator.precision.speed_warning():
         log.warning("%s", accelerator.precision.speed_warning())
     log.info("%s", batch.describe())
     optimizer = build_optimizer(config.optimizer, model.parameters())
-    if splits is None:
-        with local_main_first(accelerator.dist):
-            splits = build_data(config.data)
-    splits = overfit_splits(splits, trainer, batch)
+    splits = overfit_splits(splits, trainer, batch)  # after the model is sized from the whole training split
     log.info("%s", data_summary(splits))
     train_batches = make_batches(splits["train"], batch.per_device, trainer.overfit_batches is None, config.seed,
                                  trainer.data_in_memory_mb)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from runner.accelerator import Accelerator
+from runner.options import DataLoaderConfiguration
 from runner.build import build_data
 from runner.checkpoint import apply_rng, restore
 from runner.checkpoint.resume import newest_intact
@@ -89,8 +90,11 @@ def _run(spec: RunSpec, dist: DistInfo, peers, keep_process_group: bool) -> dict
     mismatch = config_mismatch(plain(config)) if dist.is_distributed else None
     if mismatch:
         raise LaunchError(f"{mismatch}\n  every machine must run the same command (only machine_rank may differ)")
+    # split_batches: the runner's batch plan splits trainer.batch_size (the global batch) among the processes, so
+    # the schedule steps once per optimizer step (Accelerate's convention; see Accelerator._prepare_scheduler).
     accelerator = Accelerator(hardware=hardware, precision=config.precision.kind, dist=dist,
-                              gradient_accumulation_steps=spec.batch.accumulation, parallel=config.parallel)
+                              gradient_accumulation_steps=spec.batch.accumulation, parallel=config.parallel,
+                              dataloader_config=DataLoaderConfiguration(split_batches=True))
     final = train(spec, accelerator, peers)
     # Only after success: a failing rank keeps its connections until it exits, after it has reported its error, so
     # its peers (which fail when those connections drop) cannot be reported first and hide the root cause.

@@ -406,7 +406,9 @@ def test_fp8_emulation_trains_and_reports_the_converted_modules(cli):
 def test_two_gloo_processes_with_accumulation_match_one_process_with_the_whole_batch(cli, tmp_path):
     from conftest import TINY
 
-    common = (*TINY, "trainer.max_steps=2")
+    # A schedule that moves every step: 2 processes must step it once per optimizer step, as one process does (the
+    # runner's batches are split batches; stepped Accelerate's N times per step, the losses would differ).
+    common = (*TINY, "trainer.max_steps=2", "scheduler=warmup_cosine", "scheduler.warmup_steps=4")
     # A global batch of 128: 2 processes x 2 micro-batches of 32 take the same 128 rows per step as one process.
     one = cli(*common, "trainer.batch_size=128", cwd=(tmp_path / "one").mkdir() or tmp_path / "one")
     two = cli(*common, "trainer.batch_size=128", "hardware=multi_cpu", "hardware.start_method=fork",
@@ -414,3 +416,25 @@ def test_two_gloo_processes_with_accumulation_match_one_process_with_the_whole_b
     assert "batch: 128 global per optimizer step = 32 per device x 2 process(es) x 2 accumulation step(s)" in \
         (two.run_dir() / "runner_rank0.log").read_text()
     assert _final_val_loss(two) == pytest.approx(_final_val_loss(one), abs=1e-4)
+
+
+def test_batches_of_namedtuples_and_dataclasses_move_every_tensor_and_keep_their_type():
+    import dataclasses
+    from collections import namedtuple
+
+    from runner.prepared import tree_map
+
+    Pair = namedtuple("Pair", "inputs targets")
+
+    @dataclasses.dataclass
+    class Batch:
+        pair: Pair
+        mask: torch.Tensor
+        name: str = "b"
+
+    batch = {"x": [Batch(Pair(torch.ones(2), torch.zeros(2)), torch.ones(1))], "n": 3}
+    moved = tree_map(lambda tensor: tensor + 1, batch)
+    inner = moved["x"][0]
+    assert isinstance(inner, Batch) and isinstance(inner.pair, Pair) and inner.name == "b" and moved["n"] == 3
+    assert inner.pair.inputs.tolist() == [2.0, 2.0] and inner.pair.targets.tolist() == [1.0, 1.0]
+    assert inner.mask.tolist() == [2.0]

@@ -34,6 +34,7 @@ TABLES = {
     "hole.csv": _csv(["a,b,label", "1,2,x", "3,,y", "4,5,x"]),
     "one_class.csv": _csv(["a,b,label", "1,2,x", "3,4,x", "5,6,x"]),
     "six_classes.csv": _csv(["a,b,label"] + [f"{i},{i * 2},{i % 6}" for i in range(36)]),
+    "negative.csv": _csv(["a,b,label"] + [f"{i},{i * 2},{i % 3 - 1}" for i in range(12)]),
     "good.csv": _csv(["a,b,c,d,label"] + [f"{i},{i % 3},{i % 5},{i % 7},{['p', 'q', 'r'][i % 3]}" for i in range(30)]),
 }
 TABULAR = ("recipe=tabular_csv",)
@@ -106,7 +107,7 @@ CASES = [
     ("negative learning rate", ["optimizer.lr=-1"], "optimizer.lr", "Invalid learning rate"),
     ("negative weight decay", ["optimizer.weight_decay=-0.1"], "optimizer.weight_decay", "Invalid weight_decay"),
     ("heads that do not divide the width", ["model.nhead=5"], "model.nhead", "does not divide model.d_model=64"),
-    ("zero-length sequences", ["data.seq_len=0"], "(from data.seq_len)", "is 0; it must be 1 or more"),
+    ("zero-length sequences", ["data.seq_len=0"], "data.seq_len", "is 0; it must be 1 or more"),
     ("a one-digit vocabulary", ["data.vocab_size=1"], "data.vocab_size", "it must be 2 or more"),
     ("unknown operation", ["data.operation=shuffle"], "data.operation", "reverse, sort"),
     ("validation fraction above 1", ["recipe=digits_mlp", "data.validation_fraction=1.5"],
@@ -122,10 +123,14 @@ CASES = [
      "columns are a, b, c, d, label"),
     ("unknown feature column", [*TABULAR, "data.train=good.csv", "data.feature_columns=[a,z]"],
      "data.feature_columns", "z not in the data"),
-    ("more classes than outputs", [*TABULAR, "data.train=six_classes.csv", "model.in_features=2"],
+    ("more classes than outputs", [*TABULAR, "data.train=six_classes.csv", "model.out_features=3"],
      "model.out_features", "set model.out_features=6 or more"),
     ("features that do not fit the model", [*TABULAR, "data.train=good.csv", "model.in_features=3"],
      "model.in_features", "model.in_features is 3"),
+    ("negative class numbers", [*TABULAR, "data.train=negative.csv"], "data.label_column",
+     "must hold class names or class numbers 0, 1, 2"),
+    ("sizes the data cannot say", ["model=mlp"], "model.out_features",
+     "is null, so the data should say it, but the training split's 'target' column has no class names"),
     # The run dir.
     ("run dir holding the user's files", ["hydra.run.dir=."], "hydra.run.dir", "already holds files that are not"),
     ("run dir that is a file", [f"hydra.run.dir={NOTEBOOK}"], "hydra.run.dir", "is a file, not a folder"),
@@ -237,7 +242,7 @@ def test_a_data_error_in_a_subprocess_exits_1_with_one_paragraph_and_no_run_dir(
 
 
 def test_a_data_error_on_two_processes_is_one_paragraph_naming_the_key(user_folder):
-    result = run_cli("recipe=tabular_csv", "data.train=six_classes.csv", "model.in_features=2", "hardware=multi_cpu",
+    result = run_cli("recipe=tabular_csv", "data.train=six_classes.csv", "model.out_features=3", "hardware=multi_cpu",
                      "hardware.start_method=fork", "trainer.progress_bar=false", cwd=user_folder)
     assert result.returncode == 1, result.output
     assert "runner: error: bad config: model.out_features: is 3, but the data's 'label' holds class 5" in result.stderr

@@ -73,8 +73,10 @@ def test_data_path_and_startup_sections(results):
             assert_spread(data[name][key])
     assert data["arrow"]["vs_tensors"] > 0
     startup = results["startup"]
-    for key in ("plain_s", "plain_with_libraries_s", "runner_s", "runner_to_worker_s", "added_s", "added_own_s"):
+    for key in ("plain_s", "plain_with_libraries_s", "runner_s", "runner_to_worker_s", "added_s", "added_own_s",
+                "accelerator_s", "accelerator_ratio"):
         assert_spread(startup[key])
+    assert startup["accelerator_ratio"]["median"] > 0
     # The worker starts after the process does and before the first optimizer step.
     assert 0 < startup["runner_to_worker_s"]["median"] < startup["runner_s"]["median"]
 

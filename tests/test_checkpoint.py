@@ -203,6 +203,11 @@ def test_keep_last_and_keep_best(tmp_path):
         _save(low, model, optimizer, step=step, accuracy=accuracy)
     assert [m["step"] for _, m in complete_checkpoints(tmp_path / "min" / "checkpoints")] == [2, 3, 4]
 
+    by_default = _checkpointer(tmp_path / "default")  # a 20-epoch run keeps the newest three, not 20
+    for step in range(1, 21):
+        _save(by_default, model, optimizer, step=step)
+    assert [m["step"] for _, m in complete_checkpoints(tmp_path / "default" / "checkpoints")] == [18, 19, 20]
+
 
 def test_cadence():
     every = Checkpointer.__new__(Checkpointer)

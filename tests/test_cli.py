@@ -87,12 +87,12 @@ def test_every_recipe_composes_and_runs_two_steps(cli, tmp_path, recipe):
         text.write_text("the cat sat on the mat.\n" * 100)
         extra = (f"data.train={text}", "data.block_size=16", "trainer.eval_batch_size=64")
     if recipe == "image_folder":
-        extra = (f"data.train={_png_folder(tmp_path / 'images')}", "data.image_size=8", "model.num_classes=2",
+        extra = (f"data.train={_png_folder(tmp_path / 'images')}", "data.image_size=8",
                  "trainer.batch_size=8")
     if recipe == "text_classification":
         table = tmp_path / "texts.csv"
         table.write_text("text,label\n" + "".join(f"good fine great {i},pos\nbad awful poor {i},neg\n" for i in range(40)))
-        extra = (f"data.train={table}", "model.num_classes=2", "data.tokenizer.vocab_size=300")
+        extra = (f"data.train={table}", "data.tokenizer.vocab_size=300")
     extra += TINY_MODELS.get(recipe, ())
     result = cli(f"recipe={recipe}", "trainer.max_steps=2", "trainer.progress_bar=false", *extra)
     assert result.returncode == 0, result.output

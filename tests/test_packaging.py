@@ -99,3 +99,39 @@ def test_shell_completion_completes_a_group_name(installed, project):
     completed = _in_project(installed, project, "-sc", "query=bash",
                             env={"COMP_LINE": "runner hardw", "COMP_POINT": "12"})
     assert "hardware=" in completed.stdout.split(), completed.stdout + completed.stderr
+
+
+def test_every_runner_module_imports_without_posix_only_modules():
+    """Nothing on the import path needs fcntl or SIGUSR1 (absent on Windows): each has a fallback."""
+    probe = (
+        "import sys, signal, pkgutil, importlib, runner\n"
+        "sys.modules['fcntl'] = None\n"
+        "del signal.SIGUSR1\n"
+        "failed = []\n"
+        "for module in pkgutil.walk_packages(runner.__path__, 'runner.'):\n"
+        "    try:\n"
+        "        importlib.import_module(module.name)\n"
+        "    except Exception as error:\n"
+        "        failed.append(f'{module.name}: {error!r}')\n"
+        "print('\\n'.join(failed) or 'ok')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert result.stdout.strip() == "ok", result.stdout + result.stderr
+
+
+def test_the_accelerator_alone_imports_nothing_a_hand_written_loop_does_not_use():
+    """`from runner import Accelerator` in a plain script: no Hydra, OmegaConf, YAML, datasets, TensorBoard or
+    safetensors (each costs start-up time; a loop that saves state imports safetensors then)."""
+    probe = (
+        "import sys, torch, torch.utils.data\n"
+        "before = set(sys.modules)\n"
+        "from runner import Accelerator, DataLoaderConfiguration\n"
+        "accelerator = Accelerator(cpu=True)\n"
+        "model = accelerator.prepare(torch.nn.Linear(2, 1))\n"
+        "print(' '.join(sorted({name.split('.')[0] for name in set(sys.modules) - before})))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert result.returncode == 0, result.stderr
+    imported = set(result.stdout.split())
+    heavy = {"hydra", "omegaconf", "yaml", "datasets", "tensorboard", "safetensors", "pyarrow", "pandas", "tqdm"}
+    assert imported & heavy == set(), imported

@@ -63,8 +63,9 @@ def image_parquet(train: str, image_size: int, channels: int = 3, validation: st
                               f"{', '.join(loaded['train'].column_names)}")
     if not isinstance(loaded["train"].features[image_column], datasets.Image):
         loaded = loaded.cast_column(image_column, datasets.Image())
-    encode = _label_encoder(loaded, label_column)
+    encode, classes = _label_encoder(loaded, label_column)
     loaded = loaded.map(lambda batch: {label_column: encode(batch[label_column])}, batched=True)
+    loaded = loaded.cast_column(label_column, classes)
     splits = _hold_out(dict(loaded), validation_fraction, seed, stratify=False)
     return decode_images(splits, image_column, label_column, image_size, channels)
 
@@ -81,7 +82,7 @@ def digits_images(validation_fraction: float = 0.2, seed: int = 0):
     bunch = load_digits()
     table = datasets.Dataset.from_dict(
         {"pixels": (bunch.data * (255 / 16)).round().astype("uint8"), "label": bunch.target.astype("int64")},
-        features=_features(1, 8),
+        features=_features(1, 8, datasets.ClassLabel(names=[str(digit) for digit in range(10)])),
     )
     split = table.train_test_split(test_size=validation_fraction, seed=seed)
     return datasets.DatasetDict({"train": split["train"], "validation": split["test"]})
@@ -99,11 +100,12 @@ def _hold_out(splits: dict, fraction: float, seed: int, stratify: bool):
     return datasets.DatasetDict({"train": held_out["train"], "validation": held_out["test"]})
 
 
-def _features(channels: int, size: int):
+def _features(channels: int, size: int, classes):
+    """Flattened uint8 pixels and the label, a ClassLabel (class count and names: what fills model.num_classes)."""
     import datasets
 
     return datasets.Features({"pixels": datasets.Sequence(datasets.Value("uint8"), length=channels * size * size),
-                              "label": datasets.Value("int64")})
+                              "label": classes})
 
 
 def decode_images(splits, image_column: str, label_column: str, image_size: int, channels: int):
@@ -115,10 +117,16 @@ def decode_images(splits, image_column: str, label_column: str, image_size: int,
         raise ConfigError("data.image_size", f"is {image_size}; it must be 1 or more")
     return splits.map(
         _decode_batch, batched=True, batch_size=256, remove_columns=splits["train"].column_names,
-        features=_features(channels, image_size),
+        features=_features(channels, image_size, _classes(splits["train"].features[label_column])),
         fn_kwargs={"image_column": image_column, "label_column": label_column, "size": image_size,
                    "mode": MODES[channels]},
     )
+
+
+def _classes(feature):
+    import datasets
+
+    return feature if isinstance(feature, datasets.ClassLabel) else datasets.Value("int64")
 
 
 def _decode_batch(batch, image_column: str, label_column: str, size: int, mode: str):

@@ -21,6 +21,11 @@ class PaddedText:
     def __len__(self) -> int:
         return len(self.dataset)
 
+    @property
+    def features(self):
+        """The split's schema (its label's ClassLabel fills a null model.num_classes)."""
+        return self.dataset.features
+
     def make_batches(self, batch_size: int, shuffle: bool, seed: int, in_memory_limit_mb: int, drop_last=False):
         return PaddedBatches(self.dataset, self.pad_id, batch_size, shuffle, seed, in_memory_limit_mb, drop_last)
 
@@ -45,7 +50,7 @@ class PaddedBatches(_Batches):
             whole = self.table[:]  # the split's rows (after any selection), as one Arrow table
             self.values, self.lengths = _flat(whole.column("input_ids"))
             self.starts = torch.cumsum(self.lengths, 0) - self.lengths
-            self.labels = torch.from_numpy(whole.column("label").to_numpy())
+            self.labels = torch.from_numpy(whole.column("label").to_numpy().copy())
         super().__init__(len(dataset), batch_size, shuffle, seed, drop_last)
 
     def _fetch(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:

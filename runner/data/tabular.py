@@ -1,8 +1,9 @@
 """Tabular classification datasets: the user's own files, a dataset a package ships, or a Hub dataset.
 
 Every factory returns a `datasets.DatasetDict` with `train` and `validation` splits holding two columns:
-`features` (a fixed-length float32 list) and `label` (int64 class index), which `runner.tasks.Classification`
-reads by default.
+`features` (a fixed-length float32 list) and `label` (a ClassLabel: int64 class index, with the class count and
+names in the schema), which `runner.tasks.Classification` reads by default. The schema is what fills a model's
+null `in_features` / `out_features` (runner/data/shapes.py).
 """
 
 from __future__ import annotations
@@ -150,7 +151,7 @@ def sklearn_digits(validation_fraction: float = 0.2, seed: int = 0):
         features=datasets.Features(
             {
                 "features": datasets.Sequence(datasets.Value("float32"), length=bunch.data.shape[1]),
-                "label": datasets.Value("int64"),
+                "label": datasets.ClassLabel(names=[str(digit) for digit in range(10)]),
             }
         ),
     )
@@ -216,7 +217,7 @@ def to_classification(splits, label_column: str, feature_columns: Sequence[str] 
             "data.feature_columns",
             f"{', '.join(missing)} not in the data; columns are {', '.join(train.column_names)}",
         )
-    encode_labels = _label_encoder(splits, label_column)
+    encode_labels, classes = _label_encoder(splits, label_column)
 
     def pack(batch):
         rows = len(batch[label_column])
@@ -228,20 +229,33 @@ def to_classification(splits, label_column: str, feature_columns: Sequence[str] 
     packed_features = datasets.Features(
         {
             "features": datasets.Sequence(datasets.Value("float32"), length=len(columns)),
-            "label": datasets.Value("int64"),
+            "label": classes,
         }
     )
     return splits.map(pack, batched=True, remove_columns=train.column_names, features=packed_features)
 
 
 def _label_encoder(splits, label_column: str):
-    """Class names -> ids, with names from every split at once so class k means the same thing in each."""
+    """Labels -> class ids, and the ClassLabel that names them. Class names (strings) are numbered in sorted order
+    over every split at once, so class k means the same thing in each; integer labels are their own ids (0 to the
+    largest label in any split)."""
     import datasets
+    import pyarrow.compute as pc
 
     if _is_string(splits["train"].features[label_column]):
         names = sorted(set().union(*(split.unique(label_column) for split in splits.values())))
-        return datasets.ClassLabel(names=names).str2int
-    return lambda labels: labels
+        classes = datasets.ClassLabel(names=names)
+        return classes.str2int, classes
+    lowest = min(pc.min(split.data.column(label_column)).as_py() for split in splits.values())
+    if lowest < 0 or not all(_is_integer(split.features[label_column]) for split in splits.values()):
+        raise DataError(f"data.label_column: '{label_column}' must hold class names or class numbers 0, 1, 2, ... "
+                        f"(it holds {lowest!r} or non-integers); encode the labels as such")
+    highest = max(pc.max(split.data.column(label_column)).as_py() for split in splits.values())
+    return (lambda labels: labels), datasets.ClassLabel(num_classes=int(highest) + 1)
+
+
+def _is_integer(feature) -> bool:
+    return getattr(feature, "dtype", "").startswith(("int", "uint", "bool"))  # a ClassLabel's dtype is int64
 
 
 def _is_string(feature) -> bool:

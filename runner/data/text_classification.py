@@ -42,7 +42,7 @@ def text_classification(train: str, tokenizer, validation: str | None = None, fo
     if "validation" not in loaded:
         held_out = loaded["train"].train_test_split(test_size=validation_fraction, seed=seed)
         loaded = datasets.DatasetDict({"train": held_out["train"], "validation": held_out["test"]})
-    encode_labels = _label_encoder(loaded, label_column)
+    encode_labels, classes = _label_encoder(loaded, label_column)
     texts = (batch[text_column] for batch in loaded["train"].iter(batch_size=10_000))
     cache_dir = Path(loaded["train"].cache_files[0]["filename"]).parent if loaded["train"].cache_files else None
     tokenizer_trained = trained(tokenizer, texts, cache_dir or Path(datasets.config.HF_DATASETS_CACHE) / "runner",
@@ -52,7 +52,7 @@ def text_classification(train: str, tokenizer, validation: str | None = None, fo
         ids = tokenizer_trained.encode_batch([str(text) for text in batch[text_column]])
         return {"input_ids": [row[:max_length] for row in ids], "label": encode_labels(batch[label_column])}
 
-    features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32")), "label": datasets.Value("int64")})
+    features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32")), "label": classes})
     tokenized = {
         split: table.map(tokenize, batched=True, remove_columns=table.column_names, features=features,
                          new_fingerprint=_digest(table._fingerprint, loaded["train"]._fingerprint,

@@ -1,0 +1,185 @@
+"""The parts of Accelerate's Accelerator API that sit beside the training step: which process runs a function,
+sharing inputs out, a stop flag all processes agree on, extra objects to checkpoint, freeing memory, and the
+experiment trackers (runner/trackers.py). Mixed into runner.Accelerator, whose process counts they read.
+"""
+
+from __future__ import annotations
+
+import functools
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+
+from runner import collectives, trackers
+from runner import dist as distributed
+
+
+class AcceleratorExtras:
+    @contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False):
+        """This process's share of `inputs` (list, tuple, tensor, dict of them, a dataset), as even as possible."""
+        yield collectives.split(inputs, self.num_processes, self.process_index, apply_padding)
+
+    @contextmanager
+    def join_uneven_inputs(self, joinables: list, even_batches: bool | None = None):
+        """Let processes that run out of batches first wait for the others (torch's Join over DDP models and
+        optimizers such as ZeroRedundancyOptimizer), and, with `even_batches`, set how the prepared loaders end
+        for the duration (False: uneven ends, which this context makes safe). A no-op on one process."""
+        loaders = [loader.batch_shard for loader in self.prepared_loaders if loader.batch_shard is not None]
+        kept = [loader.even_batches for loader in loaders]
+        if even_batches is not None:
+            for loader in loaders:
+                loader.even_batches = even_batches
+        try:
+            if self.num_processes == 1:
+                yield
+                return
+            from torch.distributed.algorithms.join import Join
+
+            with Join(list(joinables)):
+                yield
+        finally:
+            for loader, even in zip(loaders, kept):
+                loader.even_batches = even
+
+    @property
+    def prepared_loaders(self) -> list:
+        """The DataLoaders this Accelerator prepared (runner/dataloader.py's PreparedDataLoader)."""
+        if "_prepared_loaders" not in self.__dict__:
+            self._prepared_loaders: list = []
+        return self._prepared_loaders
+
+    # Accelerate's one-kind-at-a-time names for prepare()
+    def prepare_model(self, model: nn.Module) -> nn.Module:
+        return self._prepare_one(_expect(model, nn.Module, "prepare_model"))
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer):
+        return self._prepare_one(_expect(optimizer, torch.optim.Optimizer, "prepare_optimizer"))
+
+    def prepare_scheduler(self, scheduler):
+        return self._prepare_one(_expect(scheduler, torch.optim.lr_scheduler.LRScheduler, "prepare_scheduler"))
+
+    def prepare_data_loader(self, loader: torch.utils.data.DataLoader):
+        return self._prepare_one(_expect(loader, torch.utils.data.DataLoader, "prepare_data_loader"))
+
+    @contextmanager
+    def local_main_process_first(self):
+        """Each machine's local main process runs the block first, then that machine's others."""
+        with distributed.local_main_first(self.dist):
+            yield
+
+    def set_trigger(self) -> None:
+        """Raise this process's flag; check_trigger() then tells every process (e.g. to stop early)."""
+        self._trigger = True
+
+    def check_trigger(self) -> bool:
+        """Whether any process raised its flag since the last check (a collective: call it on every process);
+        clears the flags."""
+        self._collective()
+        raised = distributed.all_reduce(torch.tensor(float(self._trigger), device=self.device), "max")
+        self._trigger = False
+        return bool(raised.item() > 0)
+
+    # -- which process runs it --------------------------------------------------------------------------------------
+
+    def on_main_process(self, function):
+        """Decorator: the function runs on the main process only (returns None elsewhere)."""
+        return _run_if(function, lambda: self.is_main_process)
+
+    def on_local_main_process(self, function):
+        """Decorator: the function runs on each machine's local main process only."""
+        return _run_if(function, lambda: self.is_local_main_process)
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.process_index == self.num_processes - 1
+
+    def save(self, obj: Any, f) -> None:
+        """torch.save(obj, f) on the main process only (Accelerate's accelerator.save)."""
+        if self.is_main_process:
+            torch.save(obj, f)
+
+    def on_last_process(self, function):
+        return _run_if(function, lambda: self.process_index == self.num_processes - 1)
+
+    def on_process(self, function=None, process_index: int | None = None):
+        """Decorator: the function runs on process `process_index` only (`@accelerator.on_process(process_index=1)`)."""
+        if function is None:
+            return lambda inner: self.on_process(inner, process_index)
+        return _run_if(function, lambda: self.process_index == process_index)
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Objects with state_dict()/load_state_dict() to keep with the prepared ones (self.custom_objects)."""
+        bad = [type(obj).__name__ for obj in objects
+               if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"))]
+        if bad:
+            from runner.errors import ConfigError, Problem
+
+            raise ConfigError(Problem("register_for_checkpointing(objects)", (
+                f"got {bad} without state_dict() and load_state_dict(); register objects that have both "
+                "(models, optimizers, schedulers, or your own class with the two methods)")))
+        self.custom_objects.extend(objects)
+
+    @property
+    def custom_objects(self) -> list:
+        if "_custom_objects" not in self.__dict__:
+            self._custom_objects: list = []
+        return self._custom_objects
+
+    def free_memory(self, *objects: Any) -> list:
+        """Forget every prepared object (and the given references), collect garbage, empty the CUDA cache;
+        returns a None per object given (`model, optimizer = accelerator.free_memory(model, optimizer)`)."""
+        import gc
+
+        for held in (self._models, self._optimizers, self._schedulers, self.custom_objects, self.shared.loaders,
+                     self.prepared_loaders):
+            held.clear()
+        released = [None] * len(objects)
+        del objects
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return released
+
+    clear = free_memory
+
+    # -- trackers (runner/trackers.py) ------------------------------------------------------------------------------
+
+    def init_trackers(self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None):
+        """Start the `log_with` trackers for a run named `project_name` under project_dir (main process only)."""
+        if self.is_main_process:
+            self.trackers = trackers.start(self.log_with, project_name, self.project_dir, config, init_kwargs)
+
+    def get_tracker(self, name: str, unwrap: bool = False):
+        for tracker in self.trackers:
+            if tracker.name == name:
+                return tracker.tracker if unwrap else tracker
+        return None
+
+    def log(self, values: dict, step: int | None = None, log_kwargs: dict | None = None) -> None:
+        for tracker in self.trackers:
+            tracker.log(values, step=step, **(log_kwargs or {}).get(tracker.name, {}))
+
+    def end_training(self) -> None:
+        for tracker in self.trackers:
+            tracker.finish()
+        self.trackers = []
+
+
+def _run_if(function, condition):
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        return function(*args, **kwargs) if condition() else None
+
+    return wrapper
+
+
+def _expect(obj: Any, kind: type, method: str) -> Any:
+    if not isinstance(obj, kind):
+        name = {nn.Module: "torch.nn.Module", torch.optim.Optimizer: "torch.optim.Optimizer",
+                torch.utils.data.DataLoader: "torch.utils.data.DataLoader"}.get(kind, "torch LR scheduler")
+        raise TypeError(f"Accelerator.{method}() takes a {name}, not a {type(obj).__name__}; "
+                        "accelerator.prepare() takes any of them")
+    return obj

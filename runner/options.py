@@ -1,0 +1,133 @@
+"""Accelerate's configuration objects, under Accelerate's names, as plain dataclasses the Accelerator reads once.
+
+    Accelerator(dataloader_config=DataLoaderConfiguration(split_batches=True),
+                gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=4, sync_each_batch=True),
+                kwargs_handlers=[GradScalerKwargs(init_scale=1024), DistributedDataParallelKwargs(...)])
+
+Each field means what Accelerate documents for it; where the runner differs, the docstring says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from enum import Enum
+
+import torch
+
+from runner.config import ParallelConfig
+from runner.errors import ConfigError, Problem
+
+
+@dataclass
+class DataLoaderConfiguration:
+    """How `prepare(DataLoader)` shares a loader's batches among the processes (runner/dataloader.py)."""
+
+    split_batches: bool = False
+    """False: each process draws whole batches of the loader's batch size (the global batch is N times it).
+    True: each batch of the loader is split among the processes (its size must divide by N)."""
+    dispatch_batches: bool | None = None
+    """Accelerate's True (only the main process iterates the loader and sends each process its part) is not
+    supported: every process iterates the loader and keeps its share (None and False both mean that, also for an
+    IterableDataset, where Accelerate's None means True: each process must be able to read the stream)."""
+    even_batches: bool = True
+    """Repeat samples from the start so every process gets as many batches, of one size; gather_for_metrics
+    drops the repeats. False: the last batches are uneven (see join_uneven_inputs)."""
+    use_seedable_sampler: bool = False
+    """Shuffle with a generator seeded from `data_seed` (else torch.initial_seed()) plus the epoch."""
+    data_seed: int | None = None
+    non_blocking: bool = False
+    """Copy batches to the GPU with non_blocking=True (useful with pin_memory=True)."""
+    use_stateful_dataloader: bool = False
+    """Accelerate's True (a torchdata StatefulDataLoader whose position save_state keeps) is not supported: resume
+    mid-epoch with skip_first_batches."""
+
+    def __post_init__(self) -> None:
+        if self.dispatch_batches:
+            raise ConfigError(Problem("DataLoaderConfiguration.dispatch_batches", (
+                "True is not supported: runner.Accelerator never sends batches from the main process; every "
+                "process iterates the loader and keeps its share of each batch (what False does). Use "
+                "dispatch_batches=False or None; for a stream only the main process can read, read it there and "
+                "share it with accelerator.split_between_processes")))
+        if self.use_stateful_dataloader:
+            raise ConfigError(Problem("DataLoaderConfiguration.use_stateful_dataloader", (
+                "True is not supported: runner.Accelerator has no stateful DataLoader (torchdata) and save_state "
+                "does not record a position in the epoch. Use use_stateful_dataloader=False, and resume mid-epoch "
+                "with accelerator.skip_first_batches(loader, batches_done)")))
+
+
+@dataclass
+class GradientAccumulationPlugin:
+    num_steps: int | None = None
+    adjust_scheduler: bool = True
+    """Accepted; the runner's prepared scheduler already steps only on real optimizer steps."""
+    sync_with_dataloader: bool = True
+    """End the accumulation cycle (sync and step) at the last batch of a prepared DataLoader."""
+    sync_each_batch: bool = False
+    """All-reduce gradients on every micro-batch (more traffic, less memory under no_sync); still step once."""
+
+
+@dataclass
+class GradScalerKwargs:
+    """torch.amp.GradScaler's settings under fp16."""
+
+    init_scale: float = 65536.0
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    enabled: bool = True
+
+
+class DistributedType(str, Enum):
+    """How the processes share the work, as `accelerator.distributed_type` reports it."""
+
+    NO = "NO"
+    MULTI_CPU = "MULTI_CPU"
+    MULTI_GPU = "MULTI_GPU"
+    FSDP = "FSDP"
+    XLA = "XLA"
+
+
+def distributed_type(device_type: str, num_processes: int, parallel_kind: str) -> DistributedType:
+    if device_type == "xla":
+        return DistributedType.XLA
+    if num_processes == 1:
+        return DistributedType.NO
+    if parallel_kind == "fsdp":
+        return DistributedType.FSDP
+    return DistributedType.MULTI_GPU if device_type == "cuda" else DistributedType.MULTI_CPU
+
+
+def accumulation_steps(steps: int | None, legacy: int, plugin: GradientAccumulationPlugin | None):
+    """The accumulation count and plugin from either way of giving it (not both, as in Accelerate)."""
+    if plugin is not None:
+        if steps not in (None, 1):
+            raise ConfigError(Problem("Accelerator(gradient_accumulation_plugin)", (
+                f"is given together with gradient_accumulation_steps={steps}; give the count once, as "
+                "GradientAccumulationPlugin(num_steps=...) or as gradient_accumulation_steps")))
+        return plugin.num_steps or 1, plugin
+    count = steps or legacy
+    return count, GradientAccumulationPlugin(num_steps=count)
+
+
+def split_handlers(kwargs_handlers: list | None) -> tuple[ParallelConfig | None, GradScalerKwargs | None]:
+    """DDP's settings and the GradScaler's from Accelerate-style kwargs handlers; anything else is refused."""
+    from runner.parallel import DistributedDataParallelKwargs
+
+    ddp, scaler = None, None
+    for handler in kwargs_handlers or []:
+        if isinstance(handler, DistributedDataParallelKwargs):
+            ddp = handler.to_config()
+        elif isinstance(handler, GradScalerKwargs):
+            scaler = handler
+        else:
+            raise ConfigError(Problem("Accelerator(kwargs_handlers)", (
+                f"got a {type(handler).__name__}; runner.Accelerator takes DistributedDataParallelKwargs and "
+                "GradScalerKwargs (from runner import ...)")))
+    return ddp, scaler
+
+
+def make_scaler(scaler: torch.amp.GradScaler | None, device_type: str, settings: GradScalerKwargs | None):
+    """The precision's GradScaler (None unless fp16), with GradScalerKwargs' settings when given."""
+    if scaler is None or settings is None:
+        return scaler
+    return torch.amp.GradScaler(device_type, **asdict(settings))

@@ -1,0 +1,437 @@
+"""runner.Accelerator against the behaviour Accelerate documents, on 1 process (fast, no launch) and on 2 gloo
+processes (one launch, tests/parity_workers.py, each check asserted by its own test below).
+
+The sharding rules are tested on runner/sharding.py's objects directly for any process index: they need no group.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, SequentialSampler, TensorDataset
+
+from runner import (
+    Accelerator, DataLoaderConfiguration, DistributedType, GradientAccumulationPlugin, GradScalerKwargs,
+)
+from runner.dist import DistInfo
+from runner.errors import ConfigError, LaunchError
+from runner.prepared import AcceleratedScheduler
+from runner.sharding import BatchShard, IterableShard
+
+
+def dealt(num_samples: int, batch_size: int, rank: int, num_processes: int = 2, drop_last: bool = False, **kw):
+    """The batches (as lists of indices) and real counts process `rank` draws."""
+    shard = BatchShard(BatchSampler(SequentialSampler(range(num_samples)), batch_size, drop_last), num_processes,
+                       rank, batch_size=batch_size, drop_last=drop_last, **kw)
+    batches = [list(batch) for batch in shard]
+    assert len(shard) == len(batches)
+    return batches, list(shard.reals)
+
+
+# -- which batches each process draws (Accelerate's BatchSamplerShard rules) ------------------------------------------
+
+def test_whole_batches_are_dealt_in_turn_so_two_processes_see_what_one_sees_at_twice_the_batch():
+    assert dealt(8, 2, 0)[0] == [[0, 1], [4, 5]]
+    assert dealt(8, 2, 1)[0] == [[2, 3], [6, 7]]
+
+
+def test_split_batches_cuts_each_batch_among_the_processes():
+    assert dealt(8, 2, 0, split_batches=True)[0] == [[0], [2], [4], [6]]
+    assert dealt(8, 2, 1, split_batches=True)[0] == [[1], [3], [5], [7]]
+
+
+def test_even_batches_complete_the_last_global_batch_from_the_first_batch_and_count_the_real_samples():
+    # 11 samples, batches of 2: the last global batch is [8, 9], [10] -> completed with sample 0.
+    assert dealt(11, 2, 0) == ([[0, 1], [4, 5], [8, 9]], [None, None, None])
+    assert dealt(11, 2, 1) == ([[2, 3], [6, 7], [10, 0]], [None, None, 1])
+    # 10 samples: the odd 5th batch makes process 1 take a whole batch of repeats, none real.
+    assert dealt(10, 2, 1) == ([[2, 3], [6, 7], [0, 1]], [None, None, 0])
+    # Split: the short last batch [4] is completed to 4 from the first batch, then cut in two.
+    assert dealt(5, 4, 0, split_batches=True) == ([[0, 1], [4, 0]], [None, 1])
+    assert dealt(5, 4, 1, split_batches=True) == ([[2, 3], [1, 2]], [None, 0])
+
+
+def test_without_even_batches_the_last_processes_get_fewer_and_drop_last_drops_the_tail():
+    assert dealt(11, 2, 0, even_batches=False)[0] == [[0, 1], [4, 5], [8, 9]]
+    assert dealt(11, 2, 1, even_batches=False)[0] == [[2, 3], [6, 7], [10]]
+    assert dealt(11, 2, 1, drop_last=True)[0] == [[2, 3], [6, 7]]
+
+
+def test_split_batches_refuses_a_batch_size_the_processes_do_not_divide():
+    with pytest.raises(ConfigError) as error:
+        dealt(12, 3, 0, split_batches=True)
+    assert "DataLoaderConfiguration.split_batches" in str(error.value)
+    assert "the loader's is 3; use a batch size that is a multiple of 2" in str(error.value)
+
+
+class Stream(IterableDataset):
+    def __init__(self, n: int):
+        self.n = n
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+    def __len__(self):
+        return self.n
+
+
+def test_an_iterable_dataset_is_dealt_sample_by_sample_in_global_batches():
+    shards = [list(IterableShard(Stream(7), 2, 2, rank)) for rank in range(2)]
+    # Global batches of 4: [0..3], then [4, 5, 6] completed with sample 0 (not real).
+    assert shards[0] == [(0, True), (1, True), (4, True), (5, True)]
+    assert shards[1] == [(2, True), (3, True), (6, True), (0, False)]
+    assert len(IterableShard(Stream(7), 2, 2, 1)) == 4
+
+
+# -- the prepared loader on one process -------------------------------------------------------------------------------
+
+def make_loader(n: int = 10, batch_size: int = 2, **kwargs) -> DataLoader:
+    return DataLoader(TensorDataset(torch.arange(n)), batch_size=batch_size, **kwargs)
+
+
+def test_accumulate_syncs_and_steps_at_the_end_of_the_dataloader():
+    accelerator = Accelerator("cpu", gradient_accumulation_steps=2)
+    model = accelerator.prepare(nn.Linear(1, 1))
+    optimizer = accelerator.prepare(torch.optim.SGD(model.parameters(), lr=0.1))
+    loader = accelerator.prepare(make_loader(10, 2))  # 5 batches: cycles of 2, 2, then the last batch alone
+    syncs, ends, steps = [], [], 0
+    for (ids,) in loader:
+        with accelerator.accumulate(model):
+            accelerator.backward(model(ids.float().unsqueeze(1)).sum())
+            syncs.append(accelerator.sync_gradients)
+            ends.append(accelerator.gradient_state.end_of_dataloader)
+            steps += accelerator.sync_gradients
+            optimizer.step()
+            optimizer.zero_grad()
+    assert syncs == [False, True, False, True, True]
+    assert ends == [False, False, False, False, True]
+    assert steps == 3 and not accelerator.gradient_state.in_dataloader
+    assert model.weight.grad is None  # the last step ran and zeroed: nothing left over for the next epoch
+
+
+def test_sync_each_batch_and_the_plugin_give_the_count():
+    plugin = GradientAccumulationPlugin(num_steps=3, sync_each_batch=True)
+    accelerator = Accelerator("cpu", gradient_accumulation_plugin=plugin)
+    assert accelerator.gradient_accumulation_steps == 3 and accelerator.gradient_accumulation_plugin is plugin
+    with pytest.raises(ConfigError) as error:
+        Accelerator("cpu", gradient_accumulation_steps=2, gradient_accumulation_plugin=plugin)
+    assert "Accelerator(gradient_accumulation_plugin)" in str(error.value)
+    assert "give the count once" in str(error.value)
+
+
+def test_a_loader_with_batch_size_none_and_an_iterable_dataset_are_prepared():
+    accelerator = Accelerator("cpu", gradient_accumulation_steps=2)
+    # batch_size=None: each key the sampler yields is a whole batch, fetched by the dataset itself.
+    by_key = DataLoader(list(torch.arange(12).split(4)), batch_size=None)
+    assert [batch.tolist() for batch in accelerator.prepare(by_key)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    stream = accelerator.prepare(DataLoader(Stream(5), batch_size=2))
+    assert [batch.tolist() for batch in stream] == [[0, 1], [2, 3], [4]]
+
+
+def test_seedable_sampler_shuffles_with_data_seed_plus_the_epoch():
+    def order(epoch: int) -> list[int]:
+        config = DataLoaderConfiguration(use_seedable_sampler=True, data_seed=11)
+        loader = Accelerator("cpu", dataloader_config=config).prepare(make_loader(8, 8, shuffle=True))
+        loader.set_epoch(epoch)
+        return next(iter(loader))[0].tolist()
+
+    assert order(0) == order(0) == torch.randperm(8, generator=torch.Generator().manual_seed(11)).tolist()
+    assert order(3) == torch.randperm(8, generator=torch.Generator().manual_seed(14)).tolist()
+    loader = Accelerator("cpu", dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=11)
+                         ).prepare(make_loader(8, 8, shuffle=True))
+    first, second = (next(iter(loader))[0].tolist() for _ in range(2))
+    assert first == order(0) and second == order(1)  # each pass is the next epoch, without set_epoch
+
+
+def test_one_process_prepared_loader_shuffles_exactly_as_the_plain_loader():
+    torch.manual_seed(5)
+    plain = [batch[0].tolist() for _ in range(2) for batch in make_loader(10, 3, shuffle=True)]
+    torch.manual_seed(5)
+    loader = Accelerator("cpu", gradient_accumulation_steps=2).prepare(make_loader(10, 3, shuffle=True))
+    assert [batch[0].tolist() for _ in range(2) for batch in loader] == plain
+
+
+def test_skip_first_batches_and_pickling_a_prepared_loader():
+    accelerator = Accelerator("cpu", gradient_accumulation_steps=2)
+    loader = accelerator.prepare(make_loader(10, 2))
+    skipped = accelerator.skip_first_batches(loader, 3)
+    assert [batch[0].tolist() for batch in skipped] == [[6, 7], [8, 9]] and len(skipped) == 2
+    assert len(loader) == 5 and next(iter(loader))[0].tolist() == [0, 1]
+    copied = pickle.loads(pickle.dumps(loader))
+    assert [batch[0].tolist() for batch in copied] == [batch[0].tolist() for batch in loader]
+    plain = accelerator.skip_first_batches(make_loader(6, 2), 1)  # a loader not prepared is prepared first
+    assert [batch[0].tolist() for batch in plain] == [[2, 3], [4, 5]]
+
+
+def test_gather_for_metrics_of_objects_on_one_process():
+    accelerator = Accelerator("cpu")
+    assert accelerator.gather_for_metrics(["a", "b"]) == ["a", "b"]
+    assert accelerator.gather_for_metrics({"x": torch.tensor([1, 2])})["x"].tolist() == [1, 2]
+
+
+# -- constructor surface and bad input -------------------------------------------------------------------------------
+
+def test_unsupported_dataloader_options_are_refused_by_name():
+    with pytest.raises(ConfigError) as error:
+        DataLoaderConfiguration(dispatch_batches=True)
+    assert "DataLoaderConfiguration.dispatch_batches" in str(error.value) and "dispatch_batches=False" in str(
+        error.value)
+    with pytest.raises(ConfigError) as error:
+        DataLoaderConfiguration(use_stateful_dataloader=True)
+    assert "DataLoaderConfiguration.use_stateful_dataloader" in str(error.value)
+    assert "skip_first_batches" in str(error.value)
+    assert DataLoaderConfiguration(dispatch_batches=False).dispatch_batches is False
+
+
+def test_log_with_other_trackers_and_unknown_kwargs_handlers_are_refused():
+    with pytest.raises(ConfigError) as error:
+        Accelerator("cpu", log_with="wandb")
+    assert "Accelerator(log_with)" in str(error.value) and "['wandb']" in str(error.value)
+    with pytest.raises(ConfigError) as error:
+        Accelerator("cpu", kwargs_handlers=[object()])
+    assert "Accelerator(kwargs_handlers)" in str(error.value) and "GradScalerKwargs" in str(error.value)
+    with pytest.raises(ConfigError) as error:
+        Accelerator("cpu", log_with="tensorboard").init_trackers("run")
+    assert "Accelerator(project_dir)" in str(error.value)
+
+
+def test_grad_scaler_kwargs_set_the_fp16_scaler():
+    accelerator = Accelerator("cpu", "fp16", kwargs_handlers=[GradScalerKwargs(init_scale=1024, growth_interval=7)])
+    assert accelerator.scaler.get_scale() == 1024.0 and accelerator.scaler._growth_interval == 7
+    assert Accelerator("cpu", kwargs_handlers=[GradScalerKwargs(init_scale=8)]).scaler is None  # fp32: no scaler
+
+
+def test_cpu_true_state_and_distributed_type():
+    accelerator = Accelerator(cpu=True)
+    assert accelerator.device == torch.device("cpu") and accelerator.distributed_type == DistributedType.NO
+    assert accelerator.state.num_processes == 1 and accelerator.state.distributed_type == "NO"
+    two = Accelerator("cpu", dist=DistInfo(rank=1, local_rank=1, world_size=2))
+    assert two.distributed_type == DistributedType.MULTI_CPU and two.use_distributed
+
+
+def test_scheduler_steps_num_processes_times_per_optimizer_step_unless_split_or_unlinked():
+    def stepped(**kwargs) -> int:
+        accelerator = Accelerator("cpu", dist=DistInfo(rank=0, world_size=2), **kwargs)
+        optimizer = accelerator.prepare(torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=1.0))
+        scheduler = accelerator.prepare(torch.optim.lr_scheduler.StepLR(optimizer, step_size=1))
+        for _ in range(3):
+            optimizer.step()
+            scheduler.step()
+        return scheduler.last_epoch, type(scheduler)
+
+    assert stepped() == (6, AcceleratedScheduler)  # Accelerate's convention: 2 processes, 2 steps per step
+    assert stepped(dataloader_config=DataLoaderConfiguration(split_batches=True))[0] == 3
+    assert stepped(step_scheduler_with_optimizer=False) == (3, torch.optim.lr_scheduler.StepLR)
+
+
+def test_one_cycle_stops_at_its_total_steps_when_stepped_num_processes_times():
+    accelerator = Accelerator("cpu", dist=DistInfo(rank=0, world_size=2))
+    optimizer = accelerator.prepare(torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=1.0))
+    scheduler = accelerator.prepare(torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=1.0, total_steps=5))
+    for _ in range(4):  # 8 steps asked of a 5-step schedule: no "Tried to step ... times" error
+        optimizer.step()
+        scheduler.step()
+    assert scheduler.scheduler._step_count == 6  # its constructor's step plus 5
+
+
+def test_collectives_refuse_to_act_locally_when_there_are_two_processes_and_no_group():
+    accelerator = Accelerator("cpu", dist=DistInfo(rank=0, world_size=2))
+    for collective in (lambda: accelerator.gather(torch.ones(1)), lambda: accelerator.reduce(torch.ones(1)),
+                       lambda: accelerator.gather_for_metrics(torch.ones(1)), accelerator.wait_for_everyone,
+                       accelerator.check_trigger):
+        with pytest.raises(LaunchError) as error:
+            collective()
+        assert "counts 2 processes, but this process has joined no process group" in str(error.value)
+
+
+# -- helpers around the step ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("rank, expected, padded", [
+    (0, ["a", "b", "c"], ["a", "b", "c"]), (1, ["d", "e"], ["d", "e", "e"]), (2, ["f", "g"], ["f", "g", "g"]),
+])
+def test_split_between_processes_lists_dicts_and_tensors(rank, expected, padded):
+    accelerator = Accelerator("cpu", dist=DistInfo(rank=rank, world_size=3))
+    letters = list("abcdefg")
+    with accelerator.split_between_processes(letters) as part:
+        assert part == expected
+    with accelerator.split_between_processes(letters, apply_padding=True) as part:
+        assert part == padded
+    with accelerator.split_between_processes({"x": letters, "y": torch.arange(7)}) as part:
+        assert part["x"] == expected and part["y"].tolist() == [letters.index(c) for c in expected]
+    with accelerator.split_between_processes(torch.arange(7), apply_padding=True) as part:
+        assert part.tolist() == [letters.index(c) for c in expected] + [6] * (3 - len(expected))
+
+
+def test_split_between_processes_selects_rows_of_a_dataset():
+    from datasets import Dataset
+
+    rows = Dataset.from_dict({"x": list(range(5))})
+    parts = []
+    for rank in range(2):
+        with Accelerator("cpu", dist=DistInfo(rank=rank, world_size=2)).split_between_processes(
+                rows, apply_padding=True) as part:
+            parts.append(part["x"])
+    assert parts == [[0, 1, 2], [3, 4, 4]]
+
+
+def test_split_between_processes_refuses_a_dict_of_uneven_values():
+    with pytest.raises(ConfigError) as error:
+        with Accelerator("cpu").split_between_processes({"x": [1, 2], "y": [1]}):
+            pass
+    assert "split_between_processes(inputs)" in str(error.value) and "[1, 2]" in str(error.value)
+
+
+def test_process_decorators_run_only_where_they_say():
+    calls = []
+    for rank, local in ((0, 0), (1, 0), (2, 1)):
+        accelerator = Accelerator("cpu", dist=DistInfo(rank=rank, local_rank=local, world_size=3, local_world_size=2))
+        accelerator.on_main_process(lambda: calls.append(("main", rank)))()
+        accelerator.on_local_main_process(lambda: calls.append(("local", rank)))()
+        accelerator.on_process(process_index=2)(lambda: calls.append(("two", rank)))()
+        accelerator.on_last_process(lambda: calls.append(("last", rank)))()
+    assert calls == [("main", 0), ("local", 0), ("local", 1), ("two", 2), ("last", 2)]
+
+
+def test_prepare_one_kind_at_a_time_and_main_only_save(tmp_path):
+    accelerator = Accelerator("cpu", gradient_accumulation_steps=2)
+    model = accelerator.prepare_model(nn.Linear(1, 1))
+    optimizer = accelerator.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=1.0))
+    scheduler = accelerator.prepare_scheduler(torch.optim.lr_scheduler.StepLR(optimizer, 1))
+    loader = accelerator.prepare_data_loader(make_loader(4, 2))
+    assert isinstance(scheduler, AcceleratedScheduler) and [b[0].tolist() for b in loader] == [[0, 1], [2, 3]]
+    accelerator.save({"w": 1}, tmp_path / "main.pt")
+    Accelerator("cpu", dist=DistInfo(rank=1, world_size=2)).save({"w": 2}, tmp_path / "other.pt")
+    assert torch.load(tmp_path / "main.pt") == {"w": 1} and not (tmp_path / "other.pt").exists()
+    assert accelerator.is_last_process
+    with pytest.raises(TypeError) as error:
+        accelerator.prepare_model(optimizer)
+    assert "prepare_model() takes a torch.nn.Module, not a AcceleratedOptimizer" in str(error.value)
+
+
+def test_trigger_register_for_checkpointing_and_free_memory():
+    accelerator = Accelerator("cpu")
+    assert not accelerator.check_trigger()
+    accelerator.set_trigger()
+    assert accelerator.check_trigger() and not accelerator.check_trigger()
+    model = accelerator.prepare(nn.Linear(1, 1))
+    accelerator.register_for_checkpointing(torch.optim.lr_scheduler.StepLR(
+        torch.optim.SGD(model.parameters(), lr=1.0), 1))
+    with pytest.raises(ConfigError) as error:
+        accelerator.register_for_checkpointing(object())
+    assert "register_for_checkpointing(objects)" in str(error.value) and "['object']" in str(error.value)
+    assert accelerator.free_memory(model) == [None]
+    assert accelerator._models == [] and accelerator.custom_objects == []
+
+
+def test_unwrap_model_through_torch_compile():
+    model = nn.Linear(2, 2)
+    assert Accelerator("cpu").unwrap_model(torch.compile(model)) is model
+
+
+def test_trackers_write_tensorboard_that_reads_back(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accelerator = Accelerator("cpu", log_with="tensorboard", project_dir=tmp_path)
+    accelerator.init_trackers("run1", config={"lr": 0.1, "name": "x"})
+    for step in range(3):
+        accelerator.log({"train/loss": 1.0 / (step + 1)}, step=step)
+    assert accelerator.get_tracker("tensorboard", unwrap=True) is accelerator.trackers[0].writer
+    accelerator.end_training()
+    events = EventAccumulator(str(tmp_path / "run1"), size_guidance={"scalars": 0})
+    events.Reload()
+    loss = events.Scalars("train/loss")
+    assert [(e.step, round(e.value, 4)) for e in loss] == [(0, 1.0), (1, 0.5), (2, 0.3333)]
+    assert "hparams" in events.PluginTagToContent("hparams") or events.PluginTagToContent("hparams")
+
+
+# -- 2 gloo processes: one launch, a test per check ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def two_processes():
+    import torch._dynamo  # noqa: F401 - the first optimizer imports it (seconds); forked processes inherit it
+    from dist_workers import launch
+    from parity_workers import all_checks
+
+    results = launch(all_checks)
+    return [results[0], results[1]]
+
+
+def check(two_processes, name: str) -> list:
+    for rank, result in enumerate(two_processes):
+        assert "error" not in result[name], f"rank {rank}: {result[name].get('error')}"
+    return [result[name] for result in two_processes]
+
+
+@pytest.mark.parametrize("case", ["generator", "global_rng", "split", "custom_sampler"])
+def test_two_processes_at_batch_b_reproduce_one_process_at_2b(two_processes, case):
+    """The loader's own generator; the global RNG with each process seeded differently (rank 0's shuffle wins);
+    split_batches at the one-process batch; a sampler of the user's own whose generator is seeded differently on
+    each process (rank 0's state is given to all, as Accelerate does). Same global order every step of 2 epochs,
+    same parameters."""
+    for result in check(two_processes, "reproduce"):
+        (plain_order, plain_params), (order, params) = result[case]["plain"], result[case]["two"]
+        assert len(order) == 10 and order == plain_order
+        assert sorted(order[0] + order[1] + order[2] + order[3] + order[4]) == list(range(40))
+        assert params == pytest.approx(plain_params, abs=1e-12)
+
+
+def test_two_processes_deal_iterable_custom_and_key_loaders(two_processes):
+    zero, one = check(two_processes, "loaders")
+    assert zero["stream"] == [[0, 1], [4, 5], [8, 9]] and one["stream"] == [[2, 3], [6, 7], [10, 0]]
+    assert zero["custom"] == [[0], [3, 4, 5]] and one["custom"] == [[1, 2], [6, 7, 8, 9]]
+    assert zero["uneven"] == [[0, 1], [4, 5], [8, 9]] and one["uneven"] == [[2, 3], [6, 7]]
+
+
+def test_two_processes_agree_on_the_seedable_sampler_without_asking(two_processes):
+    for result in check(two_processes, "loaders"):
+        # Epoch e shuffles with data_seed + e on every process: together they draw that permutation, in order.
+        assert result["seeded"] == [torch.randperm(8, generator=torch.Generator().manual_seed(seed)).tolist()
+                                    for seed in (3, 4)]
+
+
+def test_gather_for_metrics_drops_the_repeats_of_streams_keys_and_objects(two_processes):
+    for result in check(two_processes, "loaders"):
+        assert result["stream_metrics"] == list(range(11))
+        assert result["by_key_metrics"] == [k for k in range(5) for _ in range(2)]  # each key: a batch of 2
+        assert result["word_metrics"] == ["s0", "s1", "s2", "s3", "s4"]
+
+
+def test_two_processes_sync_at_the_end_of_the_loader_and_step_the_schedule_twice_per_step(two_processes):
+    for result in check(two_processes, "accumulation"):
+        assert result["syncs"] == [False, True, True]
+        assert result["scheduler_steps"] == 4  # 2 optimizer steps x 2 processes
+        # Two forwards of x, loss divided by the 2 micro-steps: x per process, averaged: (1 + 2) / 2.
+        assert result["each_batch_grads"] == [[1.5, 1.5], [1.5, 1.5]] and result["each_batch_held"]
+
+
+def test_two_process_collectives(two_processes):
+    zero, one = check(two_processes, "collectives")
+    for result in (zero, one):
+        assert result["non_contiguous"] == [[0, 3], [1, 4], [2, 5], [10, 13], [11, 14], [12, 15]]
+        assert result["nested"] == {"a0": [0, 1], "a1": [[0, 0], [1, 1]]}
+        assert result["sum"] == [2.0, 1.0] and result["mean"] == [1.0]
+        assert result["padded"] == [1, 1, -1, 1, 1, 1]
+        assert result["triggered"] == [True, False]
+        assert result["split"] == [0, 1, 2, 3, 4, 4]
+        assert result["distributed_type"] == "MULTI_CPU"
+    assert zero["pad_first"] == [[0.0, 1.0]] and one["pad_first"] == [[1.0, 1.0]]
+    assert zero["main_only"] == 0 and one["main_only"] is None
+
+
+def test_join_uneven_inputs_lets_the_shorter_process_finish_first(two_processes):
+    zero, one = check(two_processes, "joined")
+    assert (zero["steps"], one["steps"]) == (3, 2) and zero["equal"] and one["equal"]
+    assert zero["even_after"] and one["even_after"]  # the loader's own setting is back after the block
+    assert (zero["batches_after"], one["batches_after"]) == (3, 3)
+
+
+def test_two_process_no_sync_unwrap_pickle_and_skip(two_processes):
+    zero, one = check(two_processes, "models")
+    for result in (zero, one):
+        assert result["local"] == [[1.0, 1.0], [2.0, 2.0]] and result["synced"] == [[1.5, 1.5], [1.5, 1.5]]
+        assert result["unwrapped"]
+        assert result["copied"] == result["original"] and sorted(sum(result["copied"], [])) == list(range(12))
+    assert zero["skipped"] == [[4, 5], [8, 9]] and one["skipped"] == [[6, 7], [10, 11]]
