@@ -150,3 +150,23 @@ def test_the_log_says_where_what_and_how_long(run):
 def test_early_stopping_refuses_bad_settings(arguments, message):
     with pytest.raises(ValueError, match=message):
         EarlyStopping(**arguments)
+
+
+def test_callback_state_travels_with_the_loop_state_so_a_resumed_run_continues_it():
+    from test_loop import _loop
+
+    from runner.callbacks import EMA, Callbacks
+    from runner.config import TrainerConfig
+
+    settings = TrainerConfig(max_steps=4, batch_size=16, eval_every_steps=2, log_every_steps=2)
+    loop, _, _ = _loop(settings)
+    loop.callbacks = Callbacks({"early_stopping": EarlyStopping(patience=5), "ema": EMA(decay=0.9, export=False)})
+    loop.fit()
+    state = loop.state_dict()["loop"]
+    resumed, _, _ = _loop(settings)
+    resumed.callbacks = Callbacks({"early_stopping": EarlyStopping(patience=5), "ema": EMA(decay=0.9, export=False)})
+    resumed.load_state_dict(state, {"running_loss": torch.zeros(())})
+    stopping, ema = resumed.callbacks.named["early_stopping"], resumed.callbacks.named["ema"]
+    assert stopping.state_dict() == loop.callbacks.named["early_stopping"].state_dict()
+    assert stopping.best_step in (2, 4) and ema.updates == 4
+    assert all(torch.equal(a, b) for a, b in zip(ema.shadow, loop.callbacks.named["ema"].shadow))
