@@ -38,9 +38,14 @@ class Outcome:
     forwarded: list[signal.Signals] = field(default_factory=list)
 
 
-def launch_config(hardware: Hardware, log_dir: Path):
+def launch_config(hardware: Hardware, log_dir: Path, rank0_console: bool = False):
     """The agent's settings: one machine on a free local port, or `num_machines` meeting at machine 0's static
-    rendezvous (machine m holds global ranks m*N .. m*N+N-1, like torchrun --node-rank)."""
+    rendezvous (machine m holds global ranks m*N .. m*N+N-1, like torchrun --node-rank).
+
+    `rank0_console` (the runner's own workers): local rank 0 writes straight to this terminal, so its progress bar
+    redraws in place (through the agent's tee every redraw would become a new line), and the other ranks' output
+    goes only to their files under `log_dir` (their log lines are in runner_rank<N>.log). Otherwise (a user's
+    script) every rank's output is teed to the console with a [rank<N>]: prefix."""
     from torch.distributed.elastic.multiprocessing import Std
     from torch.distributed.launcher.api import LaunchConfig
 
@@ -58,7 +63,9 @@ def launch_config(hardware: Hardware, log_dir: Path):
         max_restarts=hardware.max_restarts,
         start_method=hardware.start_method.value,
         shutdown_timeout=hardware.shutdown_timeout_s,
-        logs_specs=rank_logs(log_dir, redirects=Std.ALL, tee=Std.ALL),
+        logs_specs=(rank_logs(log_dir, redirects={rank: Std.NONE if rank == 0 else Std.ALL
+                                                  for rank in range(hardware.processes_per_machine)}, tee=Std.NONE)
+                    if rank0_console else rank_logs(log_dir, redirects=Std.ALL, tee=Std.ALL)),
         log_line_prefix_template="[rank${rank}]:",
         **rendezvous,
     )
@@ -81,7 +88,8 @@ def rank_logs(log_dir: Path, **kwargs):
     return RankLogs(log_dir=str(log_dir), **kwargs)
 
 
-def run_agent(hardware: Hardware, log_dir: Path, entrypoint: Any, args: tuple, stop_signals) -> Outcome:
+def run_agent(hardware: Hardware, log_dir: Path, entrypoint: Any, args: tuple, stop_signals,
+              rank0_console: bool = False) -> Outcome:
     """Start this machine's workers (`entrypoint(*args)`: a function, or an executable such as sys.executable)
     and wait for them, passing stop signals on and ending them on Ctrl-C."""
     from torch.distributed.launcher.api import elastic_launch
@@ -93,7 +101,7 @@ def run_agent(hardware: Hardware, log_dir: Path, entrypoint: Any, args: tuple, s
 
     def agent() -> None:
         try:
-            outcome.results = elastic_launch(launch_config(hardware, log_dir), entrypoint)(*args)
+            outcome.results = elastic_launch(launch_config(hardware, log_dir, rank0_console), entrypoint)(*args)
         except BaseException as err:  # handed to the main thread, which reports it
             outcome.error = err
         finally:

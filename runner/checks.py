@@ -13,7 +13,8 @@ from runner.plan import batch_problems
 from runner.precision import precision_problems
 
 POSITIVE_INTS = ("max_epochs", "log_every_steps", "data_in_memory_mb")
-POSITIVE_OR_NONE = ("max_steps", "eval_every_steps", "eval_batch_size", "max_grad_norm")
+POSITIVE_OR_NONE = ("max_steps", "eval_every_steps", "eval_batch_size", "max_grad_norm", "limit_train_batches",
+                    "limit_val_batches", "overfit_batches", "fast_dev_run")
 
 
 def check(config: RunConfig, hardware: Hardware) -> None:
@@ -26,10 +27,31 @@ def check(config: RunConfig, hardware: Hardware) -> None:
     target_keys = ("model", "optimizer", "scheduler", "data", "task")
     bad_targets = target_problems({key: getattr(config, key) for key in target_keys}, config.allowed_targets)
     problems += bad_targets
+    problems += sink_and_callback_problems(config)
     if not any(problem.key.startswith("task") for problem in bad_targets):
         problems += monitor_problems(config)
     if problems:
         raise ConfigError(problems)
+
+
+def sink_and_callback_problems(config: RunConfig) -> list[Problem]:
+    """The `logger` and `callbacks` nodes: allowed, importable targets (the same check as the model's), an installed
+    package for an optional sink, and callbacks that accept their settings (built here, in the parent, so e.g.
+    callbacks.early_stopping.patience=0 fails before any worker starts)."""
+    from runner.callbacks import build_callbacks
+    from runner.loggers import extra_problems
+
+    nodes = {**{f"logger.{name}": node for name, node in config.logger.items()},
+             **{f"callbacks.{name}": node for name, node in config.callbacks.items()}}
+    problems = target_problems(nodes, config.allowed_targets)
+    if problems:
+        return problems
+    problems = extra_problems(config.logger)
+    try:
+        build_callbacks(config.callbacks)
+    except ConfigError as err:
+        problems += err.problems
+    return problems
 
 
 def trainer_problems(config: RunConfig) -> list[Problem]:

@@ -9,7 +9,9 @@ unchanged, with the same task function.
 from __future__ import annotations
 
 import logging
+import re
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -168,6 +170,12 @@ def composition_error(err: BaseException, overrides: list[str]) -> str:
     from hydra.errors import OverrideParseException
 
     text = str(err).strip()
+    missing = re.match(r"In '[^']*': Could not load '([\w/]+)/(\w+)'", text)
+    if missing:  # an unknown name in a list group (logger=[tensorboard,tensorbord]): Hydra lists no options there
+        group, name = missing.groups()
+        options = sorted(path.stem for path in (Path(CONFIG_DIR) / group).glob("*.yaml"))
+        if options:
+            return f"{group}: '{name}' is not one of its options; the valid names are {', '.join(options)}"
     cause = err.__cause__
     if isinstance(cause, OmegaConfBaseException) and str(cause).strip() not in text:
         text += "\n" + str(cause).strip()
@@ -210,6 +218,8 @@ def run_task(cfg: DictConfig, run_dir: rundir.RunDir | None = None) -> float:
                              done.monitor, done.value)
                     return done.value
             spec = preflight(spec)
+        started = time.perf_counter()
+        log.info("run dir: %s (follow it live: tensorboard --logdir %s)", run_dir.path, run_dir.path)
         final = launch(spec)
         value = monitored_value(final, spec.config.trainer.monitor)
     except RunnerError as err:
@@ -226,7 +236,23 @@ def run_task(cfg: DictConfig, run_dir: rundir.RunDir | None = None) -> float:
         raise SystemExit(INTERRUPTED_EXIT_CODE)
     run_dir.unlock()
     log.info("final %s | run dir %s", ", ".join(f"{k}={v:.4f}" for k, v in final.items()), run_dir.path)
+    log.info("%s", end_summary(run_dir.path, spec.config, value, time.perf_counter() - started))
     return value
+
+
+def end_summary(run_dir: Path, config: RunConfig, value: float, wall_s: float) -> str:
+    """The monitored metric at the end and at its best (from metrics.jsonl), the wall time, and the exports."""
+    from runner.report import read_metrics
+
+    monitor, mode = config.trainer.monitor, config.trainer.monitor_mode.value
+    _, best, best_step, _ = read_metrics(run_dir / "metrics.jsonl", monitor, mode)
+    text = f"done in {wall_s:.1f} s: {monitor} final {value:.4f}"
+    if best is not None:
+        text += f", best {best:.4f} at step {best_step} ({mode})"
+    exports = sorted(path.name for path in (run_dir / "export").glob("*")) if (run_dir / "export").is_dir() else []
+    if exports:
+        text += f"; exports in {run_dir / 'export'}: {', '.join(exports)}"
+    return text
 
 
 def _task_overrides(hydra) -> list[str]:
@@ -251,7 +277,8 @@ def preflight(spec: RunSpec) -> RunSpec:
     resume_from = find_resume(resume, run_dir, config.checkpoint.verify)
     if resume_from is not None:
         refuse_another_world_size(resume_from, hardware.world_size)
-    if writes_run_dir(config.hardware.machine_rank):  # one writer, also when machines share the run dir
+    # One writer, also when machines share the run dir; a debug run (fast_dev_run) writes nothing but its log.
+    if writes_run_dir(config.hardware.machine_rank) and config.trainer.fast_dev_run is None:
         _write_config(run_dir, plain(config), resume_from)
     return replace(spec, config=config, hardware=hardware, batch=batch_plan(config.trainer, hardware.world_size),
                    resume_from=str(resume_from) if resume_from else None)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 
 
@@ -160,6 +160,20 @@ class TrainerConfig:
     """When the training loss becomes NaN or infinite: stop (at the next log step, keeping the last good
     checkpoint, exit 1), skip (skip each optimizer step whose gradients are not finite; costs one host-device
     sync per step), or ignore. Under fp16 the gradient scaler's own skipped steps never count."""
+    limit_train_batches: Optional[int] = None
+    """Train on at most this many micro-batches per epoch (None: the whole split). For quick checks."""
+    limit_val_batches: Optional[int] = None
+    """Evaluate on at most this many batches per process (None: the whole validation split)."""
+    overfit_batches: Optional[int] = None
+    """Train on the first N global micro-batches of the training split only, unshuffled, and evaluate on those same
+    samples: a model that cannot overfit them has a bug (None: off)."""
+    fast_dev_run: Optional[int] = None
+    """A debug run (what `debug=fast` sets): N train and N eval batches, then stop; no checkpoints, exports,
+    metrics files or loggers: the run dir holds only the log (None: off)."""
+    deterministic: bool = False
+    """torch.use_deterministic_algorithms(True) (and cuDNN benchmark off, CUBLAS_WORKSPACE_CONFIG set): the same
+    seed gives bitwise the same run on the same hardware. Costs speed on GPUs (slower kernels, no cuDNN autotune),
+    and an operation without a deterministic kernel raises instead of running."""
 
 
 @dataclass
@@ -191,10 +205,19 @@ class CheckpointConfig:
 
 @dataclass
 class LoggingConfig:
-    tensorboard: bool = True
-    """Write TensorBoard event files into <run dir>/tensorboard."""
+    """What names the run and what every run writes; the sinks (TensorBoard, CSV, W&B, MLflow) are the `logger`
+    group: `logger=[tensorboard,csv]`."""
+
     jsonl: bool = True
-    """Append one JSON object per logged step to <run dir>/metrics.jsonl."""
+    """Append one JSON object per logged step to <run dir>/metrics.jsonl: the run's own record, which result.json,
+    the sweep report and resume read (kept whatever `logger` lists)."""
+    name: Optional[str] = None
+    """The run's name: the run dir's suffix (outputs/<date>/<time>_<name>, so TensorBoard's run list shows it) and
+    the W&B / MLflow run name (None: no suffix; the trackers get the run dir's folder name)."""
+    tags: List[str] = field(default_factory=list)
+    """Tags for the run (W&B tags, MLflow tags, TensorBoard's `run` text), e.g. logging.tags=[baseline,cpu]."""
+    notes: Optional[str] = None
+    """A sentence about the run (W&B notes, MLflow description, TensorBoard's `run` text)."""
 
 
 @dataclass
@@ -221,6 +244,13 @@ class RunConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    logger: Dict[str, Any] = field(default_factory=dict)
+    """The sinks, one `_partial_` target node each, filled by the config group list `logger=[tensorboard,csv]`
+    (conf/logger/: tensorboard, csv, wandb, mlflow); `logger=[]` for none (metrics.jsonl is `logging.jsonl`)."""
+    callbacks: Dict[str, Any] = field(default_factory=dict)
+    """Callbacks by name, one target node each (runner/callbacks.py has the hooks), filled by the config group list
+    `callbacks=[early_stopping,ema]` (conf/callbacks/); a setting as callbacks.early_stopping.patience=5, one of
+    your own as +callbacks.mine._target_=mylab.callbacks.Mine."""
     resume: Optional[str] = None
     """Continue a run: `auto` (the newest intact checkpoint of this run dir, or start from scratch when there is
     none; continue in place with hydra.run.dir=<run dir>), a run dir (its newest intact checkpoint), or one
@@ -248,6 +278,8 @@ def register_configs() -> None:
         OmegaConf.register_new_resolver("runner.launcher_run_id", _launcher_run_id)
     if not OmegaConf.has_resolver("runner.in_run_dir"):
         OmegaConf.register_new_resolver("runner.in_run_dir", _in_run_dir)
+    if not OmegaConf.has_resolver("runner.dir_suffix"):
+        OmegaConf.register_new_resolver("runner.dir_suffix", dir_suffix)
 
 
 def optuna_direction(mode: MonitorMode | str) -> str:
@@ -272,6 +304,15 @@ def _in_run_dir(name: str) -> Optional[str]:
     except Exception:  # HydraConfig not set, or runtime.output_dir missing: not inside a run
         return None
     return str(Path(output_dir).resolve() / name)
+
+
+def dir_suffix(name: Optional[str]) -> str:
+    """`${runner.dir_suffix:${logging.name}}` -> "_<name>" made safe as one path component, "" without a name."""
+    import re
+
+    if not name:
+        return ""
+    return "_" + re.sub(r"[^A-Za-z0-9._=+-]+", "-", str(name)).strip("-.")[:80]
 
 
 def _rank_suffix() -> str:

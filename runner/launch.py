@@ -57,7 +57,7 @@ def elastic_launch(spec: RunSpec) -> dict[str, float]:
         os.getpid(), Path(spec.run_dir) / "runner_rank<N>.log",
     )
     outcome = run_agent(hardware, Path(spec.run_dir) / RANK_OUTPUT_DIR, worker.run_spawned, (spec,),
-                        [_signal(name) for name in spec.config.checkpoint.stop_signals])
+                        [_signal(name) for name in spec.config.checkpoint.stop_signals], rank0_console=True)
     if outcome.results is not None:
         return outcome.results[min(outcome.results)]
     stopped, failure = _ended(outcome)

@@ -5,6 +5,7 @@ The hot path does no host-device sync: losses add up on the device and are read 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import time
@@ -12,6 +13,7 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
+from runner.callbacks import Callbacks
 from runner.config import NonFinitePolicy, TrainerConfig
 from runner.dist import all_reduce_sum
 from runner.errors import NonFiniteLoss, Preempted
@@ -33,10 +35,13 @@ class TrainState:
 
 def planned_steps(settings: TrainerConfig, batches_per_epoch: int, accumulation: int) -> tuple[int, int]:
     """(optimizer steps per epoch, total optimizer steps) for these settings and micro-batches per step."""
+    if settings.limit_train_batches is not None:
+        batches_per_epoch = min(batches_per_epoch, settings.limit_train_batches)
     steps_per_epoch = max(1, batches_per_epoch // accumulation)
     total = steps_per_epoch * settings.max_epochs
-    if settings.max_steps is not None:
-        total = min(total, settings.max_steps)
+    for limit in (settings.max_steps, settings.fast_dev_run):  # fast_dev_run: N steps in all
+        if limit is not None:
+            total = min(total, limit)
     return steps_per_epoch, total
 
 
@@ -72,13 +77,16 @@ class Loop:
     evaluation) is in `state_dict()`; the checkpointer decides when to save and `stop` when to stop early."""
 
     def __init__(self, accelerator, model, optimizer, scheduler, train_batches, val_batches, task,
-                 settings: TrainerConfig, batch: BatchPlan, *, logger, progress, checkpointer, stop=None):
+                 settings: TrainerConfig, batch: BatchPlan, *, logger, progress, checkpointer, stop=None,
+                 callbacks: Callbacks | None = None):
         self.accelerator = accelerator
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.train_batches, self.val_batches, self.task = train_batches, val_batches, task
         self.settings = settings
         self.logger, self.progress, self.checkpointer = logger, progress, checkpointer
         self.stop = stop or NoStopSignals()
+        self.callbacks = callbacks or Callbacks()
+        self.stop_reason: str | None = None  # set by a callback (request_stop): the run ends after this step
         self.accumulation = batch.accumulation
         self.steps_per_epoch, self.total_steps = planned_steps(settings, len(train_batches), batch.accumulation)
         self.samples_per_micro_batch = batch.per_device * batch.processes
@@ -96,7 +104,14 @@ class Loop:
 
     @property
     def finished(self) -> bool:
-        return is_finished(self.state.step, self.state.epoch, self.total_steps, self.settings.max_epochs)
+        return self.stop_reason is not None or is_finished(self.state.step, self.state.epoch, self.total_steps,
+                                                           self.settings.max_epochs)
+
+    def request_stop(self, reason: str) -> None:
+        """End the run after the current step (evaluate, save the final checkpoint): for callbacks."""
+        if self.stop_reason is None:
+            self.stop_reason = reason
+            log.info("%s", reason)
 
     def fit(self) -> dict[str, float]:
         with self.stop:
@@ -104,6 +119,7 @@ class Loop:
 
     def _fit(self) -> dict[str, float]:
         self.progress.update(self.state.step)
+        self.callbacks.on_fit_start(self)
         while not self.finished:
             self.train_epoch()
             if self.finished:
@@ -116,6 +132,7 @@ class Loop:
         final = self.last_metrics if self.last_eval_step == self.state.step else self.evaluate_and_log()
         self.save(final=True)
         self.checkpointer.wait()
+        self.callbacks.on_fit_end(self, final)
         self.progress.close()
         return final
 
@@ -153,8 +170,11 @@ class Loop:
             epoch_ends = index + 1 == self.steps_per_epoch * accumulate  # then fit() saves after the epoch
             if not epoch_ends and self.state.step < self.total_steps and self.checkpointer.due(self.state.step, evaluated):
                 self.save()
+            self.callbacks.on_step_end(self)
             if self.stop.requested():
                 self.stop_now()
+            if self.stop_reason is not None:
+                return  # a callback ended the run inside the epoch: it does not count as done
             if self.state.step >= self.total_steps:
                 if index + 1 < self.steps_per_epoch * accumulate:
                     return  # stopped inside the epoch: it does not count as done
@@ -213,11 +233,18 @@ class Loop:
         self.log(metrics)
         self.progress.show({"loss": metrics["train/loss"], "samples/s": metrics["train/samples_per_s"]})
 
+    def evaluate_metrics(self) -> dict[str, float]:
+        """The validation metrics of the model as it is now (at most trainer.limit_val_batches batches)."""
+        limit = self.settings.limit_val_batches or self.settings.fast_dev_run
+        batches = self.val_batches if limit is None else itertools.islice(self.val_batches, limit)
+        return evaluate(self.accelerator, self.model, batches, self.task)
+
     def evaluate_and_log(self) -> dict[str, float]:
-        metrics = evaluate(self.accelerator, self.model, self.val_batches, self.task)
+        metrics = self.evaluate_metrics()
         self.log(metrics)
         self.last_eval_step, self.last_metrics = self.state.step, metrics
         log.info("step %d: %s", self.state.step, ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+        self.callbacks.on_eval_end(self, metrics)
         return metrics
 
     def log(self, metrics: dict[str, float]) -> None:
@@ -257,6 +284,7 @@ class Loop:
         self.last_saved = replace(self.state)
         if path is not None:
             log.info("checkpoint saved: %s", path)
+        self.callbacks.on_save(self, path)
 
     def stop_now(self) -> None:
         """A stop signal arrived: save where we are (unless just saved) and leave the run through Preempted."""
@@ -277,6 +305,8 @@ class Loop:
                 "window_micro_batches": self.window_micro_batches,
                 "last_eval_step": self.last_eval_step,
                 "last_metrics": dict(self.last_metrics),
+                "stop_reason": self.stop_reason,
+                "callbacks": self.callbacks.state_dict(),
             },
         }
 
@@ -287,4 +317,7 @@ class Loop:
         self.running_loss = this_rank["running_loss"].to(self.accelerator.device)
         self.window_micro_batches = loop_state["window_micro_batches"]
         self.last_eval_step, self.last_metrics = loop_state["last_eval_step"], dict(loop_state["last_metrics"])
+        # Checkpoints written before callbacks existed hold neither key.
+        self.stop_reason = loop_state.get("stop_reason")
+        self.callbacks.load_state_dict(loop_state.get("callbacks", {}))
         self.last_saved = replace(self.state)

@@ -1,114 +1,13 @@
-"""Where metrics go: TensorBoard, metrics.jsonl and the console progress bar.
-
-Real objects on the main process, no-op objects elsewhere: the rank is decided here, once, so the loop never asks.
-"""
+"""What the sinks share (metrics.jsonl rows, flattened hparams, the sweep's HParams session) and the console
+progress bar. The sinks themselves are in runner/loggers.py."""
 
 from __future__ import annotations
 
 import json
 import math
-from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
-from typing import Any, Iterator
-
-import yaml
-
-from runner.errors import WriteError, write_failure
-
-
-class MetricsLogger:
-    """Scalars to TensorBoard (`<run dir>/tensorboard`) and one JSON object per logged step to metrics.jsonl."""
-
-    def __init__(self, run_dir: Path, tensorboard: bool = True, jsonl: bool = True, start_step: int = 0):
-        """`start_step`: the step a resumed run continues after; what an interrupted run logged beyond it is
-        dropped (TensorBoard's purge_step, and the later lines of metrics.jsonl), so no step appears twice."""
-        self._writer = None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            resumed = (run_dir / "tensorboard").is_dir()
-            self._writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"),
-                                         purge_step=start_step + 1 if resumed else None)
-        self._jsonl = None
-        self._run_dir = run_dir
-        self._failed = False  # a write failed (a full disk): close() then does what it can and says nothing
-        if jsonl:
-            path = run_dir / "metrics.jsonl"
-            with write_failure(path, "metrics.jsonl"):
-                _drop_rows_after(path, start_step)
-                self._jsonl = open(path, "a", encoding="utf-8")
-
-    def log(self, step: int, metrics: dict[str, float]) -> None:
-        if self._writer:
-            # One event holding all of the step's scalars, not one event each: without TensorFlow, TensorBoard
-            # checksums every event in pure Python on its writer thread, ~80 us of CPU per event.
-            from tensorboard.compat.proto.summary_pb2 import Summary
-
-            values = [Summary.Value(tag=name, simple_value=float(value)) for name, value in metrics.items()]
-            with self._writing("tensorboard", f"TensorBoard events at step {step}"):
-                self._writer.file_writer.add_summary(Summary(value=values), step)
-        if self._jsonl:
-            with self._writing("metrics.jsonl", f"metrics.jsonl at step {step}"):
-                self._jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
-                self._jsonl.flush()
-
-    @contextmanager
-    def _writing(self, name: str, what: str) -> Iterator[None]:
-        try:
-            with write_failure(self._run_dir / name, what):
-                yield
-        except WriteError:
-            self._failed = True
-            raise
-
-    def log_config(self, config: dict[str, Any]) -> None:
-        """The resolved config as text (TensorBoard's Text tab), in YAML inside a code block."""
-        if self._writer:
-            text = yaml.safe_dump(config, sort_keys=False)
-            self._writer.add_text("config", "```\n" + text + "```", 0)
-
-    def log_hparams(self, config: dict[str, Any], final_metrics: dict[str, float]) -> None:
-        """Flattened config as hparams with the final metrics, so TensorBoard's HParams tab compares runs."""
-        if self._writer:
-            metrics = {f"hparam/{name}": value for name, value in final_metrics.items()}
-            # run_name="." keeps them in this run's event file instead of a new timestamped subdirectory.
-            self._writer.add_hparams(flatten_hparams(config), metrics, run_name=".")
-
-    def close(self) -> None:
-        """Flush and close; after a failed write (the error already raised) only what still can be."""
-        failed_before = self._failed
-        try:
-            if self._writer:
-                with self._writing("tensorboard", "TensorBoard events"):
-                    self._writer.close()
-            if self._jsonl:
-                with self._writing("metrics.jsonl", "metrics.jsonl"):
-                    self._jsonl.close()
-        except WriteError:
-            if not failed_before:
-                raise
-
-
-class NullLogger:
-    """What processes other than the main one log to: nothing."""
-
-    def log(self, step: int, metrics: dict[str, float]) -> None:
-        pass
-
-    def log_config(self, config: dict[str, Any]) -> None:
-        pass
-
-    def log_hparams(self, config: dict[str, Any], final_metrics: dict[str, float]) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def make_logger(run_dir: Path, is_main: bool, tensorboard: bool, jsonl: bool,
-                start_step: int = 0) -> MetricsLogger | NullLogger:
-    return MetricsLogger(run_dir, tensorboard, jsonl, start_step) if is_main else NullLogger()
+from typing import Any
 
 
 def _drop_rows_after(path: Path, step: int) -> None:

@@ -60,6 +60,8 @@ class JobResult:
     started_at: str | None = None
     error: str | None = None
     run_dir: str = ""
+    stopped_early: str | None = None
+    """Why a callback ended the run before its step budget (early stopping), else None."""
 
     @property
     def params(self) -> dict[str, Any]:
@@ -101,7 +103,19 @@ def job_result(run_dir: Path, job: int, overrides: list[str], monitor: str, mode
         started_at=started_at,
         error=None if error is None else f"{type(error).__name__}: {error}",
         run_dir=str(run_dir),
+        stopped_early=_early_stop_reason(run_dir),
     )
+
+
+def _early_stop_reason(run_dir: Path) -> str | None:
+    """What runner.callbacks.EarlyStopping wrote when it stopped the run."""
+    path = run_dir / "early_stopping.json"
+    if not path.is_file():
+        return None
+    try:
+        return str(json.loads(path.read_text(encoding="utf-8"))["reason"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def read_metrics(path: Path, monitor: str, mode: str) -> tuple[dict[str, float], float | None, int | None, int | None]:

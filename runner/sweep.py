@@ -65,6 +65,8 @@ class SweepReport(Callback):
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         if not _writes(config):
             return  # every rank (torchrun) or machine runs the job; one of them records it
+        if OmegaConf.select(config, "trainer.fast_dev_run") is not None:
+            return  # a debug run writes nothing but its log
         result = self._skipped or self._result(config, job_return)
         if self._skipped is None:
             report.write_result(result)

@@ -25,9 +25,13 @@ from runner.data.batches import make_batches
 from runner.data.shapes import fill_from_data, fit_statistics
 from runner.dist import local_main_first
 from runner.loop import Loop, planned_steps
-from runner.metrics import Progress, make_logger
+from runner.callbacks import RunContext, build_callbacks
+from runner.debug import fast_dev_run_note, overfit_splits
+from runner.loggers import LogSink, Loggers, NullLogger, RunInfo, make_logger
+from runner.metrics import Progress
 from runner.plan import BatchPlan
 from runner.signals import StopSignals
+from runner.summary import data_summary, model_summary, schedule_summary
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +66,16 @@ def build_parts(config: RunConfig, batch: BatchPlan, accelerator: Accelerator, s
     fit_statistics(model, splits["train"], config.task)
     # fp8 swaps Linear layers for Float8Linear: before the optimizer is built from the parameters.
     model = accelerator.convert_precision(model)
+    log.info("%s", model_summary(model))
     log.info("%s", accelerator.describe())
     if accelerator.precision.speed_warning():
         log.warning("%s", accelerator.precision.speed_warning())
     log.info("%s", batch.describe())
     optimizer = build_optimizer(config.optimizer, model.parameters())
-    train_batches = make_batches(splits["train"], batch.per_device, True, config.seed, trainer.data_in_memory_mb)
+    splits = overfit_splits(splits, trainer, batch)  # after the model is sized from the whole training split
+    log.info("%s", data_summary(splits))
+    train_batches = make_batches(splits["train"], batch.per_device, trainer.overfit_batches is None, config.seed,
+                                 trainer.data_in_memory_mb)
     val_batches = make_batches(splits["validation"], trainer.eval_batch_size or batch.per_device, False, config.seed,
                                trainer.data_in_memory_mb)
     task = build_task(config.task)
@@ -75,7 +83,8 @@ def build_parts(config: RunConfig, batch: BatchPlan, accelerator: Accelerator, s
         model, optimizer, train_batches, val_batches
     )
     check_fit(task, accelerator, prepared_model, train_batches, config.model)
-    _, total_steps = planned_steps(trainer, len(train_batches), batch.accumulation)
+    steps_per_epoch, total_steps = planned_steps(trainer, len(train_batches), batch.accumulation)
+    log.info("%s", schedule_summary(steps_per_epoch, total_steps, trainer.max_epochs))
     scheduler = accelerator.prepare(build_scheduler(config.scheduler, optimizer, total_steps))
     return Parts(model, optimizer, prepared_model, prepared_optimizer, scheduler, train_batches, val_batches, task,
                  total_steps)
@@ -83,13 +92,20 @@ def build_parts(config: RunConfig, batch: BatchPlan, accelerator: Accelerator, s
 
 def make_loop(parts: Parts, config: RunConfig, batch: BatchPlan, accelerator: Accelerator, run_dir: Path, *,
               start_step: int = 0, checkpoints: bool = True) -> Loop:
-    """The loop over the parts, with its logger, checkpointer, stop signals and progress bar (rank 0 writes)."""
+    """The loop over the parts, with its loggers, callbacks, checkpointer, stop signals and progress bar (rank 0
+    writes; a debug run, trainer.fast_dev_run, writes nothing but its log)."""
     trainer, is_main = config.trainer, accelerator.is_main_process
-    logger = make_logger(run_dir, is_main, config.logging.tensorboard, config.logging.jsonl, start_step=start_step)
+    writes = trainer.fast_dev_run is None
+    if not writes:
+        log.info("%s", fast_dev_run_note(trainer))
+    run = RunInfo(config.logging.name or run_dir.name, tuple(config.logging.tags), config.logging.notes)
+    logger = (make_logger(run_dir, is_main, config.logger, config.logging.jsonl, start_step, run) if writes
+              else Loggers([LogSink()]) if is_main else NullLogger())
+    callbacks = build_callbacks(config.callbacks, RunContext(run_dir, accelerator.dist.rank, is_main and writes))
     checkpointer = (Checkpointer(run_dir, config.checkpoint, writer=is_main, monitor=trainer.monitor,
                                  monitor_mode=trainer.monitor_mode, world_size=accelerator.num_processes,
                                  resolved=plain(config))
-                    if checkpoints else Checkpointer.disabled())
+                    if checkpoints and writes else Checkpointer.disabled())
     return Loop(
         accelerator, parts.prepared_model, parts.prepared_optimizer, parts.scheduler, parts.train_batches,
         parts.val_batches, parts.task, trainer, batch,
@@ -97,6 +113,7 @@ def make_loop(parts: Parts, config: RunConfig, batch: BatchPlan, accelerator: Ac
         progress=Progress(parts.total_steps, enabled=is_main and trainer.progress_bar),
         checkpointer=checkpointer,
         stop=StopSignals(config.checkpoint.stop_signals, accelerator.dist.is_distributed),
+        callbacks=callbacks,
     )
 
 

@@ -14,6 +14,7 @@ from runner.build import build_data
 from runner.checkpoint import apply_rng, restore
 from runner.checkpoint.resume import newest_intact
 from runner.config import RunConfig, RunSpec, plain
+from runner.debug import apply_determinism
 from runner.dist import (
     DistInfo,
     config_mismatch,
@@ -106,6 +107,7 @@ def train(spec: RunSpec, accelerator: Accelerator, peers=None) -> dict[str, floa
     """Build the parts, restore a checkpoint if the parent chose one, make the loop, fit."""
     config, run_dir = spec.config, Path(spec.run_dir)
     resume_from = _resume_point(spec)
+    apply_determinism(config.trainer.deterministic)
     parts = build_parts(config, spec.batch, accelerator)
     restored = _restore(resume_from, parts, accelerator, config) if resume_from else None
     if restored and is_finished(restored["loop"]["step"], restored["loop"]["epoch"], parts.total_steps,
@@ -124,7 +126,7 @@ def train(spec: RunSpec, accelerator: Accelerator, peers=None) -> dict[str, floa
         loop.logger.log_config(plain(config))
     try:
         final = loop.fit()
-        loop.logger.log_hparams(plain(config), final)
+        loop.logger.log_final(plain(config), final)
     except Exception as err:
         mark_step(err, loop.state.step)
         hint = unused_parameters_hint(err)
@@ -163,7 +165,7 @@ def run_spawned(spec: RunSpec) -> dict[str, float]:
     dist = DistInfo.from_env()
     exit_with_parent()
     no_stray_tracebacks()
-    _log_to_rank_file(Path(spec.run_dir) / f"runner_rank{dist.rank}.log")
+    _log_to_rank_file(Path(spec.run_dir) / f"runner_rank{dist.rank}.log", console=dist.rank == 0)
     try:
         return run(spec)
     except Preempted as stop:
@@ -189,19 +191,22 @@ class _NoTraceback(logging.Formatter):
             record.exc_info, record.exc_text = saved
 
 
-def _log_to_rank_file(path: Path) -> None:
-    """This rank's log lines go to its own file and, without tracebacks, to the console. A forked worker
-    inherited the parent's handlers (its runner.log among them): they are dropped, not closed, since the parent
-    still writes through them."""
+def _log_to_rank_file(path: Path, console: bool) -> None:
+    """This rank's log lines go to its own file and, on rank 0 only (`console`), without tracebacks to the
+    console: the other ranks' lines would repeat rank 0's. A rank that fails is reported by the parent anyway
+    (runner/failures.py). A forked worker inherited the parent's handlers (its runner.log among them): they are
+    dropped, not closed, since the parent still writes through them."""
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)
     layout = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
-    to_file, to_console = logging.FileHandler(path), logging.StreamHandler(sys.stdout)
+    to_file = logging.FileHandler(path)
     to_file.setFormatter(logging.Formatter(layout))
-    to_console.setFormatter(_NoTraceback(layout))
-    for handler in (to_file, to_console):
-        root.addHandler(handler)
+    root.addHandler(to_file)
+    if console:
+        to_console = logging.StreamHandler(sys.stdout)
+        to_console.setFormatter(_NoTraceback(layout))
+        root.addHandler(to_console)
     root.setLevel(logging.INFO)
 
 

@@ -90,6 +90,18 @@ CASES = [
      "model.block.trust_remote_code", "runs code downloaded"),
     ("hydra callback target", ["+hydra.callbacks.evil._target_=torch.utils.collect_env.run"],
      "hydra.callbacks.evil._target_", "runs arbitrary code"),
+    # Loggers, callbacks, debug limits.
+    ("unknown logger", ["logger=[tensorboard,tensorbord]"], "logger: 'tensorbord' is not one of its options",
+     "the valid names are csv, mlflow, tensorboard, wandb"),
+    ("unknown callback", ["callbacks=[early_stop]"], "callbacks: 'early_stop'", "early_stopping, ema, lr_monitor"),
+    ("callback with a bad target", ["+callbacks.mine._target_=runner.callbacks.Nope"], "callbacks.mine._target_",
+     "no attribute 'Nope'"),
+    ("callback outside the allow-list", ["+callbacks.mine._target_=mylab.Cb"], "callbacks.mine._target_",
+     "allowed_targets"),
+    ("bad patience", ["callbacks=[early_stopping]", "callbacks.early_stopping.patience=0"],
+     "callbacks.early_stopping.patience", "patience is 0; it must be 1 or more"),
+    ("an optional logger not installed", ["logger=[mlflow]"], "logger.mlflow", "pip install 'runner[mlflow]'"),
+    ("limit of no batches", ["trainer.limit_train_batches=0"], "trainer.limit_train_batches", "it must be positive"),
     # Building: the library's refusal, with the key the user set.
     ("unknown constructor argument", ["+model.widht=3"], "model.widht", "is not an argument of runner.models"),
     ("negative learning rate", ["optimizer.lr=-1"], "optimizer.lr", "Invalid learning rate"),
@@ -149,11 +161,15 @@ def test_the_catalogue_covers_every_kind_of_bad_input():
 
 
 NEEDS_NO_CUDA = {"fp8 without a GPU", "a GPU run without CUDA"}  # their message is the one a CPU-only machine gives
+NEEDS_NO_MLFLOW = {"an optional logger not installed"}
 
 
 @pytest.mark.parametrize("name, arguments, key, phrase", [
-    pytest.param(*case, marks=pytest.mark.skipif(case[0] in NEEDS_NO_CUDA and __import__("torch").cuda.is_available(),
-                                                 reason="asserts the message of a machine without CUDA"))
+    pytest.param(*case, marks=[
+        pytest.mark.skipif(case[0] in NEEDS_NO_CUDA and __import__("torch").cuda.is_available(),
+                           reason="asserts the message of a machine without CUDA"),
+        pytest.mark.skipif(case[0] in NEEDS_NO_MLFLOW and __import__("importlib").util.find_spec("mlflow") is not None,
+                           reason="asserts the message of a machine without mlflow")])
     for case in CASES], ids=[case[0] for case in CASES])
 def test_bad_input_names_the_key_and_leaves_every_file_as_it_was(user_folder, capsys, name, arguments, key, phrase):
     before = _snapshot(user_folder)

@@ -69,6 +69,9 @@ EXPECTED_GROUPS = {
     "recipe": ["digits_cnn", "digits_mlp", "gpt", "gpt2_hf", "image_folder", "reverse", "tabular_csv",
                "text_classification"],
     "hparams_search": ["lr_width"],
+    "logger": ["csv", "mlflow", "tensorboard", "wandb"],
+    "callbacks": ["early_stopping", "ema", "lr_monitor", "profiler", "throughput"],
+    "debug": ["fast"],
     "hydra/launcher": ["parallel", "slurm", "slurm_local"],
     "local": [],  # git-ignored per-machine files
 }
@@ -86,13 +89,14 @@ def test_config_groups_are_frozen():
 def test_schema_keys_are_frozen():
     assert sorted(OmegaConf.to_container(OmegaConf.structured(RunConfig)).keys()) == sorted(
         ["hardware", "parallel", "precision", "model", "optimizer", "scheduler", "data", "task", "seed", "gpu_ids", "trainer",
-         "checkpoint", "logging", "resume", "allowed_targets"]
+         "checkpoint", "logging", "logger", "callbacks", "resume", "allowed_targets"]
     )
     structured = OmegaConf.structured(RunConfig)
     assert sorted(structured.trainer.keys()) == sorted(
         ["max_epochs", "max_steps", "batch_size", "eval_batch_size", "eval_every_steps", "log_every_steps",
          "grad_accum_steps", "max_grad_norm", "monitor", "monitor_mode", "progress_bar", "data_in_memory_mb",
-         "on_nonfinite", "micro_batch_size", "per_device_batch_size"]
+         "on_nonfinite", "micro_batch_size", "per_device_batch_size", "limit_train_batches", "limit_val_batches",
+         "overfit_batches", "fast_dev_run", "deterministic"]
     )
     assert sorted(structured.parallel.keys()) == sorted(
         ["kind", "find_unused_parameters", "static_graph", "gradient_as_bucket_view", "bucket_cap_mb",
@@ -106,7 +110,18 @@ def test_schema_keys_are_frozen():
     assert sorted(structured.checkpoint.keys()) == sorted(
         ["enabled", "every_epoch", "every_n_steps", "keep_last", "keep_best", "verify", "export", "stop_signals"]
     )
-    assert sorted(structured.logging.keys()) == ["jsonl", "tensorboard"]
+    assert sorted(structured.logging.keys()) == ["jsonl", "name", "notes", "tags"]
+
+
+def test_logger_and_callbacks_are_list_groups_whose_entries_take_overrides():
+    config = freeze(_compose(), Path("/tmp/run")).config
+    assert config.logger == {"tensorboard": {"_target_": "runner.loggers.TensorBoardSink", "_partial_": True}}
+    assert config.callbacks == {}
+    config = freeze(_compose("logger=[tensorboard,csv]", "callbacks=[early_stopping,ema]",
+                             "callbacks.early_stopping.patience=5"), Path("/tmp/run")).config
+    assert list(config.logger) == ["tensorboard", "csv"] and list(config.callbacks) == ["early_stopping", "ema"]
+    assert config.callbacks["early_stopping"]["patience"] == 5
+    assert freeze(_compose("logger=[]"), Path("/tmp/run")).config.logger == {}
 
 
 @pytest.mark.parametrize("recipe", EXPECTED_GROUPS["recipe"])

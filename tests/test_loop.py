@@ -9,7 +9,8 @@ from runner.errors import NonFiniteLoss
 from runner.data.batches import TensorBatches
 from runner.loop import Loop, evaluate, planned_steps
 from runner.plan import BatchPlan
-from runner.metrics import NullLogger, Progress
+from runner.loggers import NullLogger
+from runner.metrics import Progress
 from runner.models import MLP
 from runner.tasks import Classification
 

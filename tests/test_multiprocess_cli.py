@@ -48,10 +48,16 @@ def _alive(pid: int) -> bool:
 
 def test_two_worker_processes_really_run_and_only_rank_0_writes_shared_files(cli):
     # 288 rows: a dataset no other test generated, so its generation shows up in the output.
-    result = cli(*FORK, *SMALL, "data.num_train=288", "trainer.batch_size=48", "trainer.max_steps=4",
-                 "trainer.log_every_steps=2")
+    result = cli(*FORK, "data.num_validation=63", "data.num_train=288", "trainer.batch_size=48",
+                 "trainer.max_steps=4", "trainer.log_every_steps=2")  # with the progress bar
     assert result.returncode == 0, result.output
     run_dir = result.run_dir()
+    # One bar, rank 0's, written straight to the terminal (the agent's tee would prefix each redraw with [rank0]:
+    # and make it a line of its own; text mode here turns the bar's carriage returns into newlines); the other
+    # rank's log lines are in its own file only.
+    assert any(line.startswith("train: 100%|") for line in result.stderr.splitlines()) and "[rank" not in result.output
+    assert "rank 0 of 2" in result.output and "rank 1 of 2" not in result.output
+    assert "rank 1 of 2" in _rank_log(run_dir, 1)
     parent_pid = int(re.search(r"from pid (\d+)", (run_dir / "runner.log").read_text()).group(1))
     pids = {_worker_pid(run_dir, rank) for rank in (0, 1)}
     assert len(pids | {parent_pid}) == 3  # two distinct workers, neither of them the launching process

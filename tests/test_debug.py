@@ -1,0 +1,83 @@
+"""Debug runs (runner/debug.py and the limits in runner/loop.py): debug=fast writes nothing but its log; the batch
+limits; overfit_batches; trainer.deterministic."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from conftest import TINY
+
+from runner.cli import main
+from runner.config import TrainerConfig
+from runner.debug import apply_determinism, overfit_splits
+from runner.loop import planned_steps
+from runner.plan import BatchPlan
+
+
+def test_debug_fast_runs_two_steps_and_leaves_only_its_log(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    main([*TINY, "debug=fast", "logger=[tensorboard,csv]", "callbacks=[ema]"])
+    (run_dir,) = [path.parent for path in (tmp_path / "outputs").rglob("runner.log")]
+    # The lock file is how any run holds its dir (runner/rundir.py); it is empty.
+    assert sorted(path.name for path in run_dir.iterdir()) == [".runner.lock", "runner.log"]
+    text = (run_dir / "runner.log").read_text()
+    assert "fast_dev_run: 2 train and 2 eval batch(es); no checkpoints, exports, metrics files or loggers" in text
+    assert [int(step) for step in re.findall(r"step (\d+): train/loss=", text)] == [1, 2]
+    assert re.search(r"step 2: val/loss=[\d.]+, val/accuracy=", text) and "val_ema/accuracy" in text
+    assert "schedule: 8 optimizer steps per epoch, 2 in total" in text
+
+
+@pytest.mark.parametrize("settings, expected", [
+    (dict(max_epochs=2), (10, 20)),
+    (dict(max_epochs=2, limit_train_batches=3), (3, 6)),
+    (dict(max_epochs=2, limit_train_batches=30), (10, 20)),  # a limit above the split changes nothing
+    (dict(max_epochs=2, fast_dev_run=2), (10, 2)),
+    (dict(max_epochs=2, max_steps=5, fast_dev_run=3), (10, 3)),
+])
+def test_train_batch_limits_count_micro_batches_per_epoch(settings, expected):
+    assert planned_steps(TrainerConfig(**settings), batches_per_epoch=10, accumulation=1) == expected
+    assert planned_steps(TrainerConfig(max_epochs=1, limit_train_batches=4), 10, accumulation=2) == (2, 2)
+
+
+def test_limit_val_batches_evaluates_only_the_first_batches():
+    from test_loop import _loop
+
+    from runner.tasks import Classification
+
+    class Counting(Classification):
+        batches = 0
+
+        def evaluation_stats(self, model, batch):
+            self.batches += 1
+            return super().evaluation_stats(model, batch)
+
+    for limit, expected in ((None, 4), (1, 1)):  # 64 validation rows in batches of 16
+        loop, _, _ = _loop(TrainerConfig(limit_val_batches=limit, batch_size=8), task=Counting())
+        loop.evaluate_metrics()
+        assert loop.task.batches == expected
+
+
+def test_overfit_batches_trains_and_evaluates_on_the_same_first_samples():
+    from datasets import Dataset
+
+    splits = {"train": Dataset.from_dict({"x": list(range(100))}), "validation": Dataset.from_dict({"x": [0]})}
+    kept = overfit_splits(splits, TrainerConfig(overfit_batches=3), BatchPlan(per_device=4, accumulation=1, processes=2))
+    assert kept["train"]["x"] == list(range(24)) and kept["validation"]["x"] == list(range(24))
+    assert overfit_splits(splits, TrainerConfig(), BatchPlan(4, 1, 2)) is splits
+
+
+def test_deterministic_turns_on_torch_deterministic_algorithms(monkeypatch):
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    try:
+        apply_determinism(True)
+        assert torch.are_deterministic_algorithms_enabled() and not torch.backends.cudnn.benchmark
+        import os
+
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    finally:
+        torch.use_deterministic_algorithms(False)
+    apply_determinism(False)
+    assert not torch.are_deterministic_algorithms_enabled()

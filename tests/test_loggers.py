@@ -1,0 +1,141 @@
+"""The sinks (runner/loggers.py), each read back from what it wrote: TensorBoard events, metrics.jsonl, CSV, W&B's
+offline run files; the main process alone writes."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+
+import pytest
+
+from conftest import read_jsonl, read_scalars
+
+from runner.loggers import CsvSink, JsonlSink, Loggers, NullLogger, RunInfo, TensorBoardSink, make_logger
+
+TB = {"_target_": "runner.loggers.TensorBoardSink", "_partial_": True}
+CSV = {"_target_": "runner.loggers.CsvSink", "_partial_": True}
+
+
+def test_tensorboard_gets_scalars_config_run_name_and_hparams(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    logger = Loggers([TensorBoardSink(tmp_path, run=RunInfo("lr-probe", ("baseline", "cpu"), "first try")),
+                      JsonlSink(tmp_path)])
+    logger.log(1, {"train/loss": 2.0})
+    logger.log(2, {"train/loss": 1.5, "val/accuracy": 0.5})
+    logger.log_config({"model": {"_target_": "runner.models.MLP"}, "seed": 0})
+    logger.log_final({"optimizer": {"lr": 0.1}, "gpu_ids": None}, {"val/accuracy": 0.5})
+    logger.close()
+
+    assert read_scalars(tmp_path, "train/loss") == [(1, 2.0), (2, 1.5)]
+    assert read_jsonl(tmp_path / "metrics.jsonl") == [
+        {"step": 1, "train/loss": 2.0}, {"step": 2, "train/loss": 1.5, "val/accuracy": 0.5}
+    ]
+    events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"scalars": 0, "tensors": 0})
+    events.Reload()
+    assert "runner.models.MLP" in events.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert events.Tensors("run/text_summary")[0].tensor_proto.string_val[0].decode() == (
+        "**lr-probe**\n\ntags: baseline, cpu\n\nfirst try")
+    assert read_scalars(tmp_path, "hparam/val/accuracy") == [(0, 0.5)]
+    content = events.PluginTagToContent("hparams")
+    session = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"]).session_start_info
+    assert session.hparams["optimizer.lr"].number_value == 0.1
+    assert session.hparams["gpu_ids"].string_value == "None"
+
+
+def test_csv_widens_its_header_for_a_new_metric_and_writes_hparams_with_final_metrics(tmp_path):
+    sink = CsvSink(tmp_path)
+    sink.log(1, {"train/loss": 2.0})
+    sink.log(2, {"train/loss": 1.5})
+    sink.log(2, {"val/accuracy": 0.5})
+    sink.log_final({"optimizer": {"lr": 0.1}}, {"val/accuracy": 0.5})
+    sink.close()
+    with open(tmp_path / "csv" / "metrics.csv", newline="") as file:
+        rows = list(csv.DictReader(file))
+    assert rows == [{"step": "1", "train/loss": "2.0", "val/accuracy": ""},
+                    {"step": "2", "train/loss": "1.5", "val/accuracy": ""},
+                    {"step": "2", "train/loss": "", "val/accuracy": "0.5"}]
+    assert (tmp_path / "csv" / "hparams.csv").read_text().splitlines() == [
+        "key,value", "optimizer.lr,0.1", "final/val/accuracy,0.5"]
+    resumed = CsvSink(tmp_path, start_step=1)  # a run resumed from step 1 drops what came after it
+    resumed.log(2, {"train/loss": 1.25})
+    with open(tmp_path / "csv" / "metrics.csv", newline="") as file:
+        assert [(row["step"], row["train/loss"]) for row in csv.DictReader(file)] == [("1", "2.0"), ("2", "1.25")]
+
+
+def test_only_the_main_process_gets_sinks_and_jsonl_is_kept_whatever_the_list(tmp_path):
+    assert isinstance(make_logger(tmp_path, is_main=False, sinks={"tensorboard": TB}), NullLogger)
+    assert list(tmp_path.iterdir()) == []
+    real = make_logger(tmp_path, is_main=True, sinks={"csv": CSV})
+    real.log(1, {"a": 1.0})
+    real.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["csv", "metrics.jsonl"]
+    none = make_logger(tmp_path / "quiet", is_main=True, sinks={}, jsonl=False)
+    none.log(1, {"a": 1.0})
+    assert not (tmp_path / "quiet").exists()
+
+
+def test_a_metrics_file_cut_short_by_a_kill_is_read_and_resumed_without_error(tmp_path):
+    """kill -9 while a row was being written leaves half a line: resuming drops it, the report skips it."""
+    from runner.report import read_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 10, "train/loss": 1.5}\n{"step": 20, "val/accuracy": 0.5}\n{"step": 30, "train/lo')
+    assert read_metrics(path, "val/accuracy", "max")[:2] == ({"val/accuracy": 0.5}, 0.5)
+    logger = JsonlSink(tmp_path, start_step=20)
+    logger.log(30, {"train/loss": 1.0})
+    logger.close()
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [10, 20, 30]
+
+
+def test_a_full_disk_while_logging_is_one_disk_full_error_naming_the_file(tmp_path):
+    import errno
+
+    from runner.errors import DiskFull
+
+    class FullDisk:
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        flush = close = lambda self: None
+
+    logger = JsonlSink(tmp_path)
+    logger._file.close()
+    logger._file = FullDisk()
+    with pytest.raises(DiskFull, match=rf"no space left on the disk holding {tmp_path / 'metrics.jsonl'} while "
+                                       r"writing metrics.jsonl at step 7"):
+        logger.log(7, {"train/loss": 1.0})
+    logger.close()  # after the error: closes what it can, raises nothing more
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mlflow") is not None, reason="mlflow is installed")
+def test_mlflow_without_the_package_names_the_extra_to_install(tmp_path):
+    from runner.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        make_logger(tmp_path, is_main=True, sinks={"mlflow": {"_target_": "runner.loggers.MlflowSink",
+                                                              "_partial_": True}}, jsonl=False)
+    assert str(err.value) == ("bad config: logger.mlflow: needs the mlflow package, which is not installed; install it with "
+                              "pip install 'runner[mlflow]' (or pip install mlflow), or leave mlflow out of "
+                              "logger=[...]")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb is not installed")
+def test_wandb_offline_records_name_tags_notes_config_scalars_and_summary(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    node = {"_target_": "runner.loggers.WandbSink", "_partial_": True, "project": "p", "mode": "offline"}
+    logger = make_logger(tmp_path, is_main=True, sinks={"wandb": node}, jsonl=False,
+                         run=RunInfo("probe", ("a", "b"), "some notes"))
+    logger.log_config({"optimizer": {"lr": 0.1}})
+    logger.log(1, {"train/loss": 2.0})
+    logger.log(2, {"train/loss": 1.5})
+    logger.log_final({}, {"val/accuracy": 0.75})
+    run = logger.sinks[0]._run
+    assert (run.name, tuple(run.tags), run.notes) == ("probe", ("a", "b"), "some notes")
+    assert run.config["optimizer.lr"] == 0.1 and run.summary["final/val/accuracy"] == 0.75
+    logger.close()
+    offline = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(offline) == 1 and list(offline[0].glob("*.wandb"))
