@@ -8,6 +8,7 @@ since the launcher's own "first failure" has one-second resolution and often nam
 
 from __future__ import annotations
 
+import re
 import signal
 import traceback
 
@@ -131,7 +132,8 @@ def root_cause(failures: dict[int, object]) -> tuple[int, str]:
     text = message(failure)
     if text.startswith(RelayedFailure.__name__ + ": ["):
         failed, _, report = text[len(RelayedFailure.__name__) + 3:].partition("] ")
-        return int(failed), report
+        hung = re.match(r"rank (\d+) hung: ", report)  # relayed by the rank that gave up: name the hung one's log
+        return (int(hung.group(1)) if hung else int(failed)), report
     if text.startswith(PeerHung.__name__ + ": "):
         text = text[len(PeerHung.__name__) + 2:]
         return int(text.split()[1]), text  # "rank N hung: ...": the log worth reading is the hung rank's

@@ -33,7 +33,7 @@ def test_one_machine_meets_on_a_free_port_with_a_fresh_run_id(tmp_path):
     assert (first.rdzv_backend, first.rdzv_endpoint) == ("c10d", "localhost:0")  # port 0: never collides
     assert first.run_id != second.run_id
     assert (first.min_nodes, first.max_nodes, first.nproc_per_node, first.max_restarts) == (1, 1, 3, 0)
-    assert first.start_method == "fork" and second.start_method == "spawn"
+    assert first.start_method == "fork"  # as asked; the default (auto) is tests/test_devices.py's
     assert first.shutdown_timeout == 7 and first.rdzv_configs["timeout"] == 90
     assert first.logs_specs.root_log_dir == str(tmp_path / "ranks")
 
@@ -131,6 +131,13 @@ def test_root_cause_prefers_the_rank_that_raised_over_ranks_that_lost_it():
 def test_root_cause_names_a_rank_killed_by_a_signal():
     failures = {0: _failure(-signal.SIGTERM, timestamp=5), 1: _failure(-signal.SIGKILL, timestamp=6)}
     assert root_cause(failures) == (1, "rank 1 was killed by signal SIGKILL (exit code -9)")
+
+
+def test_a_hung_rank_relayed_by_the_rank_that_gave_up_is_the_rank_named():
+    hung = "rank 1 hung: it made no progress for 6 s (at optimizer step 2); rank 0 gave up waiting for it"
+    failures = {0: _failure(-signal.SIGTERM, timestamp=5),
+                1: _failure(1, {"message": f"RelayedFailure: [0] {hung}"}, 6)}
+    assert root_cause(failures) == (1, hung)  # its log (runner_rank1.log) is the one worth reading
 
 
 def test_a_joblib_loky_worker_falls_back_to_spawn(monkeypatch):
