@@ -20,12 +20,14 @@ from torch import nn
 from runner.accelerator import Accelerator, set_seed
 from runner.build import build_data, build_model, build_optimizer, build_scheduler, build_task
 from runner.checkpoint import Checkpointer
-from runner.config import RunConfig, plain
+from runner.checkpoint.files import Layout
+from runner.config import ParallelKind, RunConfig, plain
 from runner.data.batches import make_batches
 from runner.data.shapes import fill_from_data, fit_statistics
 from runner.dist import local_main_first
 from runner.loop import Loop, planned_steps
 from runner.metrics import Progress, make_logger
+from runner.parallel import prepare_blocks
 from runner.plan import BatchPlan
 from runner.signals import StopSignals
 
@@ -35,7 +37,8 @@ log = logging.getLogger(__name__)
 @dataclass
 class Parts:
     """A run's objects, built and prepared. `model` and `optimizer` are the user's own (checkpoints save them);
-    `prepared_*` are what the Accelerator handed back (DDP, scaler and accumulation wrappers)."""
+    `prepared_*` are what the Accelerator handed back (DDP, scaler and accumulation wrappers; FSDP shards the
+    model in place, so there both are the same module)."""
 
     model: nn.Module
     optimizer: Any
@@ -62,6 +65,9 @@ def build_parts(config: RunConfig, batch: BatchPlan, accelerator: Accelerator, s
     fit_statistics(model, splits["train"], config.task)
     # fp8 swaps Linear layers for Float8Linear: before the optimizer is built from the parameters.
     model = accelerator.convert_precision(model)
+    # Activation checkpointing and torch.compile go on the blocks before FSDP shards them (in prepare).
+    model = prepare_blocks(model, config.activation_checkpointing, config.compile, config.parallel,
+                           accelerator.shards_parameters)
     log.info("%s", accelerator.describe())
     if accelerator.precision.speed_warning():
         log.warning("%s", accelerator.precision.speed_warning())
@@ -88,7 +94,7 @@ def make_loop(parts: Parts, config: RunConfig, batch: BatchPlan, accelerator: Ac
     logger = make_logger(run_dir, is_main, config.logging.tensorboard, config.logging.jsonl, start_step=start_step)
     checkpointer = (Checkpointer(run_dir, config.checkpoint, writer=is_main, monitor=trainer.monitor,
                                  monitor_mode=trainer.monitor_mode, world_size=accelerator.num_processes,
-                                 resolved=plain(config))
+                                 resolved=plain(config), layout=checkpoint_layout(config))
                     if checkpoints else Checkpointer.disabled())
     return Loop(
         accelerator, parts.prepared_model, parts.prepared_optimizer, parts.scheduler, parts.train_batches,
@@ -98,6 +104,11 @@ def make_loop(parts: Parts, config: RunConfig, batch: BatchPlan, accelerator: Ac
         checkpointer=checkpointer,
         stop=StopSignals(config.checkpoint.stop_signals, accelerator.dist.is_distributed),
     )
+
+
+def checkpoint_layout(config: RunConfig) -> Layout:
+    """parallel=fsdp checkpoints are sharded (even from one process: they may be resumed on several)."""
+    return Layout.dcp if config.parallel.kind == ParallelKind.fsdp else Layout.safetensors
 
 
 def check_fit(task, accelerator: Accelerator, model, train_batches, model_node: dict) -> None:
