@@ -101,11 +101,12 @@ def fully_shard(model: nn.Module, settings: ParallelConfig, device: torch.device
     if settings.cpu_offload:
         options["offload_policy"] = CPUOffloadPolicy()
     blocks = find_blocks(model, settings.shard_modules, "parallel.shard_modules", required=False)
+    # Named before sharding: fully_shard swaps each module's class for an FSDP<Name> subclass.
+    names = f" ({type(_inner(blocks[0][2])).__name__})" if blocks else ""
     for _, _, block in blocks:
         shard(block, **options)
     shard(model, **options)
-    log.info("fsdp: %d block(s) and the model sharded over %d processes%s", len(blocks), world_size,
-             f" ({type(_inner(blocks[0][2])).__name__})" if blocks else "")
+    log.info("fsdp: %d block(s) and the model sharded over %d processes%s", len(blocks), world_size, names)
     return model
 
 
