@@ -89,7 +89,8 @@ def fsdp_checks(tmp_dir: str) -> dict:
     torch.set_num_threads(1)
     init_process_group(DistInfo.from_env(), "gloo")
     try:
-        return {**equivalence(), "bf16": bf16_policy(), **state_round_trip(Path(tmp_dir)), **blocks()}
+        return {**equivalence(), "bf16": bf16_policy(), **state_round_trip(Path(tmp_dir)), **blocks(),
+                "memory": memory()}
     finally:
         destroy_process_group()
 
@@ -180,3 +181,27 @@ def blocks() -> dict:
             results["compiled_names"] = sorted(sharded.model_state(model))
             results["wrapped"] = type(model.blocks[0]).__name__
     return {"blocks": results}
+
+
+def held_bytes(model, optimizer) -> dict:
+    """Bytes this process really holds: its shards (DTensor's local tensor) of the weights, of their gradients
+    and of the optimizer's state."""
+    local = lambda tensor: tensor.to_local() if hasattr(tensor, "to_local") else tensor  # noqa: E731
+    size = lambda tensors: sum(local(t).numel() * local(t).element_size() for t in tensors)  # noqa: E731
+    parameters = list(model.parameters())
+    return {"weights": size(parameters), "gradients": size(p.grad for p in parameters),
+            "optimizer": size(value for state in optimizer.state.values() for value in state.values()
+                              if torch.is_tensor(value))}
+
+
+def memory() -> dict:
+    """What rank 0 holds after one AdamW step, for runner plan's figures (runner/memory.py) to be checked against.
+    A vocabulary of 17 gives the (tied) embedding 17 rows, split 9 + 8: the uneven split is checked too."""
+    torch.manual_seed(0)
+    model = GPT(vocab_size=17, block_size=8, n_layer=3, n_head=2, n_embd=32, dropout=0.0)
+    accelerator = Accelerator("cpu", parallel="fsdp")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    loss_of(model, torch.randint(0, 17, (2, 8))).backward()
+    optimizer.step()
+    return held_bytes(model, optimizer)

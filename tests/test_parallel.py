@@ -16,8 +16,9 @@ from dist_workers import launch
 from runner.accelerator import Accelerator
 from runner.checks import check
 from runner.cli import load
-from runner.config import ActivationCheckpointingConfig, CompileConfig, ParallelConfig
+from runner.config import ActivationCheckpointingConfig, CompileConfig, ParallelConfig, ParallelKind, PrecisionKind
 from runner.errors import ConfigError
+from runner.memory import memory_plan
 from runner.models import GPT, MLP, SeqTransformer
 from runner.parallel import checkpoint_blocks, compile_model, find_blocks, prepare_blocks
 
@@ -77,6 +78,19 @@ def test_checkpointed_and_compiled_blocks_train_like_plain_ones_and_keep_their_n
     assert blocks["wrapped"] == "FSDPOptimizedModule"  # each block compiled, then sharded
     assert "blocks.0.attn.qkv.weight" in blocks["compiled_names"]
     assert not any("_orig_mod" in name for name in blocks["compiled_names"])
+
+
+def test_plan_figures_are_what_each_fsdp_process_really_holds(fsdp):
+    real = fsdp[0][0]["memory"]
+    with torch.device("meta"):
+        model = GPT(vocab_size=17, block_size=8, n_layer=3, n_head=2, n_embd=32, dropout=0.0)
+    plan = memory_plan(model, torch.optim.AdamW(model.parameters(), lr=fsdp_workers.LR),
+                       ParallelConfig(kind=ParallelKind.fsdp), 2, PrecisionKind.fp32)
+    assert (plan.weight_bytes, plan.gradient_bytes, plan.optimizer_bytes) == (
+        real["weights"], real["gradients"], real["optimizer"])
+    with torch.device("meta"):
+        whole = memory_plan(model, torch.optim.AdamW(model.parameters()), ParallelConfig(), 1, PrecisionKind.fp32)
+    assert plan.weight_bytes < 0.51 * whole.weight_bytes  # half, and the 17 embedding rows split 9 + 8
 
 
 # -- blocks, in one process ----------------------------------------------------------------------------------
