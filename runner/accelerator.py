@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import builtins
 import random
+import weakref
 from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -106,9 +107,10 @@ class Accelerator(AcceleratorExtras):
         self._optimizers: list = []
         self._schedulers: list = []
         # FSDP puts new (DTensor) parameters in place of the model's: an optimizer built on the old ones is
-        # pointed at the new ones when it is prepared (old parameter's id -> (old, new); the old one is kept so
-        # its id stays unique).
-        self._sharded_parameters: dict[int, tuple[nn.Parameter, nn.Parameter]] = {}
+        # pointed at the new ones when it is prepared (old parameter's id -> (weak reference to it, new)). Weak:
+        # holding the old, whole parameters would keep the unsharded model alive on every process (measured with
+        # benchmarks/fsdp_memory.py); a dead reference means its id may belong to another tensor now.
+        self._sharded_parameters: dict[int, tuple[weakref.ref, nn.Parameter]] = {}
 
     # -- who am I -------------------------------------------------------------------------------------------------
 
@@ -233,7 +235,8 @@ class Accelerator(AcceleratorExtras):
         model = parallel.wrap(model, self.parallel, self.device, True, world_size=self.dist.world_size,
                               precision=self.precision.kind)
         after = dict(model.named_parameters(remove_duplicate=False))
-        self._sharded_parameters.update({id(old): (old, after[name]) for name, old in before.items()})
+        self._sharded_parameters.update({id(old): (weakref.ref(old), after[name]) for name, old in before.items()})
+        del before
         return model
 
     def _prepare_optimizer(self, optimizer: torch.optim.Optimizer):
@@ -443,8 +446,14 @@ def _parallel_settings(settings, ddp_settings: ParallelConfig | None) -> Paralle
 
 def _follow_sharded_parameters(optimizer, replaced: dict[int, tuple]) -> None:
     """Point the optimizer's parameter groups at the sharded parameters that replaced theirs."""
-    if any(old in optimizer.state for old, _ in replaced.values()):
+
+    def new(param):
+        reference, sharded = replaced.get(id(param), (None, None))
+        return sharded if reference is not None and reference() is param else None
+
+    if any(new(param) is not None and param in optimizer.state
+           for group in optimizer.param_groups for param in group["params"]):
         raise TypeError("Accelerator.prepare(): this optimizer already stepped on the unsharded parameters; under "
                         "FSDP prepare it (with the model) before training")
     for group in optimizer.param_groups:
-        group["params"] = [replaced[id(param)][1] if id(param) in replaced else param for param in group["params"]]
+        group["params"] = [new(param) if new(param) is not None else param for param in group["params"]]

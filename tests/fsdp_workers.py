@@ -6,6 +6,7 @@ Each function returns plain Python values; the tests in tests/test_parallel.py a
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 
 import torch
@@ -201,7 +202,9 @@ def memory() -> dict:
     model = GPT(vocab_size=17, block_size=8, n_layer=3, n_head=2, n_embd=32, dropout=0.0)
     accelerator = Accelerator("cpu", parallel="fsdp")
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    whole = weakref.ref(model.blocks[0].mlp[0].weight)
     model, optimizer = accelerator.prepare(model, optimizer)
     loss_of(model, torch.randint(0, 17, (2, 8))).backward()
     optimizer.step()
-    return held_bytes(model, optimizer)
+    # The whole parameter the shards replaced is gone (nothing, the Accelerator included, keeps it alive).
+    return {**held_bytes(model, optimizer), "whole_parameter_freed": whole() is None}

@@ -82,6 +82,7 @@ def test_checkpointed_and_compiled_blocks_train_like_plain_ones_and_keep_their_n
 
 def test_plan_figures_are_what_each_fsdp_process_really_holds(fsdp):
     real = fsdp[0][0]["memory"]
+    assert real["whole_parameter_freed"] is True  # else every process keeps the unsharded model too
     with torch.device("meta"):
         model = GPT(vocab_size=17, block_size=8, n_layer=3, n_head=2, n_embd=32, dropout=0.0)
     plan = memory_plan(model, torch.optim.AdamW(model.parameters(), lr=fsdp_workers.LR),
