@@ -69,6 +69,11 @@ def build_parts(config: RunConfig, batch: BatchPlan, accelerator: Accelerator, s
     model = prepare_blocks(model, config.activation_checkpointing, config.compile, config.parallel,
                            accelerator.shards_parameters)
     log.info("%s", accelerator.describe())
+    if config.parallel.kind is ParallelKind.fsdp and not accelerator.shards_parameters:
+        # Allowed on purpose: it is how a sharded checkpoint continues on one device (and how a run starts that
+        # several processes will continue).
+        log.info("parallel=fsdp on one process: nothing is sharded; checkpoints are written sharded all the same, "
+                 "so any number of processes can continue them")
     if accelerator.precision.speed_warning():
         log.warning("%s", accelerator.precision.speed_warning())
     log.info("%s", batch.describe())
