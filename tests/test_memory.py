@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from runner.cli import load
+from runner.cli import main as cli_main
 from runner.config import ParallelConfig, ParallelKind, PrecisionKind
 from runner.memory import human, memory_plan
 from runner.models import GPT
@@ -83,8 +84,8 @@ def test_runner_plan_prints_the_figures_without_building_data(capsys):
     assert lines[4] == "steps: at most 50 optimizer steps (trainer.max_steps) within 3 epoch(s)"
     assert lines[5].startswith("fits: yes, 675.2 KiB of ") and lines[5].endswith(" per process, before activations")
 
-    assert main(["parallel=ddp", "hardware=multi_cpu", "hardware.num_processes=2",
-                 "model.d_model=8192", "model.dim_feedforward=65536", "model.num_layers=8"]) == 0
+    cli_main(["plan", "parallel=ddp", "hardware=multi_cpu", "hardware.num_processes=2",  # `runner plan ...`
+              "model.d_model=8192", "model.dim_feedforward=65536", "model.num_layers=8"])
     printed = capsys.readouterr().out
     assert "DDP gradient buckets" in printed
     assert "fits: no: " in printed and "use parallel=fsdp, more processes, or a smaller model" in printed
