@@ -15,7 +15,7 @@ from torch import nn
 
 from runner.accelerator import Accelerator
 from runner.checkpoint import sharded
-from runner.config import ActivationCheckpointingConfig, CompileConfig, ParallelConfig
+from runner.config import ActivationCheckpointingConfig, CompileConfig, ParallelConfig, ParallelKind
 from runner.dist import DistInfo, destroy_process_group, init_process_group
 from runner.models import GPT
 from runner.parallel import prepare_blocks
@@ -106,6 +106,13 @@ def equivalence() -> dict:
         weights = gathered(model) if kind == "fsdp" else {k: v.detach() for k, v in model.module.state_dict().items()}
         results[kind] = {"diff": max_difference(weights, plain) if weights else None,
                          "parameter_type": type(next(model.parameters())).__name__}
+    # The options: blocks named by class, parameters kept gathered from forward to backward.
+    options = ParallelConfig(kind=ParallelKind.fsdp, shard_modules=["Block"], reshard_after_forward=False)
+    model, _, _ = train(Accelerator("cpu", parallel=options), tiny_gpt())
+    weights = gathered(model)
+    results["fsdp_options"] = {"diff": max_difference(weights, plain) if weights else None,
+                               "units": sorted(type(module).__name__ for module in model.modules()
+                                               if type(module).__name__.startswith("FSDP"))}
     model, _, log = train(Accelerator("cpu", parallel="fsdp", gradient_accumulation_steps=2), tiny_gpt(), max_norm=0.5)
     weights = gathered(model)
     results["fsdp_clip_accumulate"] = {

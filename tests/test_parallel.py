@@ -44,6 +44,12 @@ def test_fsdp_trains_what_one_process_trains_on_the_global_batch_and_so_does_ddp
     assert results[1]["fsdp"]["diff"] is None  # the whole weights are gathered onto rank 0 only
 
 
+def test_fsdp_options_named_blocks_and_no_reshard_after_forward_train_the_same(fsdp):
+    options = fsdp[0][0]["fsdp_options"]
+    assert options["units"] == ["FSDPBlock", "FSDPBlock", "FSDPGPT"]  # each Block, then the model itself
+    assert options["diff"] < 1e-5
+
+
 def test_fsdp_clipping_and_accumulation_agree_with_one_process(fsdp):
     clipped = fsdp[0][0]["fsdp_clip_accumulate"]
     assert clipped["norms"] == fsdp_workers.STEPS  # clipped once per optimizer step, not per micro-batch
