@@ -91,7 +91,7 @@ def fsdp_checks(tmp_dir: str) -> dict:
     init_process_group(DistInfo.from_env(), "gloo")
     try:
         return {**equivalence(), "bf16": bf16_policy(), **state_round_trip(Path(tmp_dir)), **blocks(),
-                "memory": memory()}
+                "memory": memory(), "following": optimizer_following()}
     finally:
         destroy_process_group()
 
@@ -215,3 +215,29 @@ def memory() -> dict:
     optimizer.step()
     # The whole parameter the shards replaced is gone (nothing, the Accelerator included, keeps it alive).
     return {**held_bytes(model, optimizer), "whole_parameter_freed": whole() is None}
+
+
+def optimizer_following() -> dict:
+    """An optimizer prepared in a later prepare() call than its model still steps the shards; one that already
+    stepped on the whole parameters is refused (its state would belong to tensors that are gone)."""
+    accelerator = Accelerator("cpu", parallel="fsdp")
+    accelerator.prepare(tiny_gpt())
+    optimizer = accelerator.prepare(torch.optim.AdamW(tiny_gpt().parameters(), lr=LR))  # another model's: untouched
+    later_model = tiny_gpt()
+    later_optimizer = torch.optim.AdamW(later_model.parameters(), lr=LR)
+    later_model = accelerator.prepare(later_model)
+    later_optimizer = accelerator.prepare(later_optimizer)
+    stepped_model = tiny_gpt()
+    stepped = torch.optim.AdamW(stepped_model.parameters(), lr=LR)
+    loss_of(stepped_model, global_batch(0)).backward()
+    stepped.step()
+    accelerator.prepare(stepped_model)
+    try:
+        accelerator.prepare(stepped)
+        refused = None
+    except TypeError as err:
+        refused = str(err)
+    follows = all(any(p is q for q in later_model.parameters()) for group in later_optimizer.param_groups
+                  for p in group["params"])
+    untouched = not any(type(p).__name__ == "DTensor" for group in optimizer.param_groups for p in group["params"])
+    return {"follows": follows, "untouched": untouched, "refused": refused}

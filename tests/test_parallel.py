@@ -50,6 +50,13 @@ def test_fsdp_options_named_blocks_and_no_reshard_after_forward_train_the_same(f
     assert options["diff"] < 1e-5
 
 
+def test_an_optimizer_prepared_after_its_model_follows_the_shards_and_a_stepped_one_is_refused(fsdp):
+    following = fsdp[0][0]["following"]
+    assert following["follows"] is True and following["untouched"] is True
+    assert following["refused"] == ("Accelerator.prepare(): this optimizer already stepped on the unsharded "
+                                    "parameters; under FSDP prepare it (with the model) before training")
+
+
 def test_fsdp_clipping_and_accumulation_agree_with_one_process(fsdp):
     clipped = fsdp[0][0]["fsdp_clip_accumulate"]
     assert clipped["norms"] == fsdp_workers.STEPS  # clipped once per optimizer step, not per micro-batch
