@@ -31,6 +31,7 @@ from runner import dist as distributed
 from runner import parallel
 from runner.config import ParallelConfig, ParallelKind
 from runner.devices import Hardware, for_device, this_process
+from runner.parallel import follow_sharded_parameters, settings_of
 from runner.data.batches import _Batches
 from runner.dist import DistInfo
 from runner.precision import Precision
@@ -94,7 +95,7 @@ class Accelerator(AcceleratorExtras):
         self.scaler = make_scaler(self.precision.make_scaler(), self.device.type, scaler_settings)
         self.gradient_accumulation_steps, self.gradient_accumulation_plugin = accumulation_steps(
             gradient_accumulation_steps, grad_accum_steps, gradient_accumulation_plugin)
-        self.parallel = _parallel_settings(parallel, ddp_settings)
+        self.parallel = settings_of(parallel) if parallel is not None else ddp_settings or ParallelConfig()
         self.dataloader_config = dataloader_config or DataLoaderConfiguration()
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.project_dir = None if project_dir is None else Path(project_dir)
@@ -241,7 +242,7 @@ class Accelerator(AcceleratorExtras):
 
     def _prepare_optimizer(self, optimizer: torch.optim.Optimizer):
         if self._sharded_parameters:
-            _follow_sharded_parameters(optimizer, self._sharded_parameters)
+            follow_sharded_parameters(optimizer, self._sharded_parameters)
         if self.scaler is not None or self.xla is not None or self.gradient_accumulation_steps > 1:
             optimizer = AcceleratedOptimizer(optimizer, self.shared, self.scaler, self.xla)
         self._optimizers.append(optimizer)
@@ -400,29 +401,6 @@ class Accelerator(AcceleratorExtras):
         if self.is_main_process:
             distributed.barrier()
 
-    # -- state ----------------------------------------------------------------------------------------------------
-
-    def save_state(self, directory: str | Path) -> Path:
-        """Save every prepared model, optimizer and scheduler, the scaler and each process's RNG state, in the
-        runner's checkpoint format (written whole or not at all, with a verified manifest; sharded under FSDP)."""
-        from runner.checkpoint import accelerator_state  # safetensors and DCP: only for a loop that saves
-
-        return accelerator_state.save(Path(directory), self._state_objects(), self.dist.world_size,
-                                      self.is_main_process)
-
-    def load_state(self, directory: str | Path) -> None:
-        """Restore what save_state wrote into the objects prepared (in the same order) by this Accelerator. A
-        sharded state may be loaded on another number of processes."""
-        from runner.checkpoint import accelerator_state
-
-        accelerator_state.load(Path(directory), self._state_objects(), self.dist.rank, self.dist.world_size)
-
-    def _state_objects(self):
-        from runner.checkpoint import accelerator_state
-
-        return accelerator_state.Objects([self.unwrap_model(model) for model in self._models], self._optimizers,
-                                         self._schedulers, self.scaler, self.parallel.kind == ParallelKind.fsdp)
-
     def set_seed(self, seed: int, device_specific: bool = False) -> None:
         set_seed(seed + self.process_index if device_specific else seed)
 
@@ -435,25 +413,3 @@ def set_seed(seed: int) -> None:
     np.random.seed(seed)
     torch.manual_seed(seed)
 
-
-def _parallel_settings(settings, ddp_settings: ParallelConfig | None) -> ParallelConfig:
-    """`parallel` as given (a ParallelConfig, or its kind's name), else DDP's settings from a
-    DistributedDataParallelKwargs among the kwargs handlers, else the defaults."""
-    if settings is not None:
-        return parallel.settings_of(settings)
-    return ddp_settings or ParallelConfig()
-
-
-def _follow_sharded_parameters(optimizer, replaced: dict[int, tuple]) -> None:
-    """Point the optimizer's parameter groups at the sharded parameters that replaced theirs."""
-
-    def new(param):
-        reference, sharded = replaced.get(id(param), (None, None))
-        return sharded if reference is not None and reference() is param else None
-
-    if any(new(param) is not None and param in optimizer.state
-           for group in optimizer.param_groups for param in group["params"]):
-        raise TypeError("Accelerator.prepare(): this optimizer already stepped on the unsharded parameters; under "
-                        "FSDP prepare it (with the model) before training")
-    for group in optimizer.param_groups:
-        group["params"] = [new(param) if new(param) is not None else param for param in group["params"]]

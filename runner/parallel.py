@@ -110,6 +110,22 @@ def fully_shard(model: nn.Module, settings: ParallelConfig, device: torch.device
     return model
 
 
+def follow_sharded_parameters(optimizer, replaced: dict[int, tuple]) -> None:
+    """Point the optimizer's parameter groups at the sharded parameters that replaced theirs (`replaced`: old
+    parameter's id -> (weak reference to it, the sharded one), as runner.Accelerator records them)."""
+
+    def new(param):
+        reference, sharded = replaced.get(id(param), (None, None))
+        return sharded if reference is not None and reference() is param else None
+
+    if any(new(param) is not None and param in optimizer.state
+           for group in optimizer.param_groups for param in group["params"]):
+        raise TypeError("Accelerator.prepare(): this optimizer already stepped on the unsharded parameters; under "
+                        "FSDP prepare it (with the model) before training")
+    for group in optimizer.param_groups:
+        group["params"] = [new(param) if new(param) is not None else param for param in group["params"]]
+
+
 def is_sharded(model: nn.Module) -> bool:
     """Whether fully_shard turned this module's parameters into DTensor shards."""
     return any(type(parameter).__name__ == "DTensor" for parameter in model.parameters())
