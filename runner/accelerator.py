@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import builtins
 import random
+import weakref
 from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -28,8 +29,9 @@ from torch import nn
 
 from runner import dist as distributed
 from runner import parallel
-from runner.config import ParallelConfig
+from runner.config import ParallelConfig, ParallelKind
 from runner.devices import Hardware, for_device, this_process
+from runner.parallel import follow_sharded_parameters, settings_of
 from runner.data.batches import _Batches
 from runner.dist import DistInfo
 from runner.precision import Precision
@@ -57,7 +59,7 @@ class Accelerator(AcceleratorExtras):
         mixed_precision: str | None = None,
         gradient_accumulation_steps: int | None = None,
         hardware: Hardware | None = None,
-        parallel: ParallelConfig | None = None,
+        parallel: ParallelConfig | ParallelKind | str | None = None,
         kwargs_handlers: list | None = None,
         cpu: bool = False,
         dataloader_config: DataLoaderConfiguration | None = None,
@@ -68,10 +70,11 @@ class Accelerator(AcceleratorExtras):
     ):
         """`precision`/`mixed_precision`: fp32 (Accelerate's "no"), bf16, fp16, fp8. The device: `hardware` (what
         the runner resolved), else `device` ("cpu", "cuda", "xla" for a TPU through torch_xla), else this process's
-        GPU when CUDA is present (`cpu=True`: the CPU). `parallel` or a DistributedDataParallelKwargs in
-        `kwargs_handlers`: DDP's settings. `mixed_precision`, `gradient_accumulation_steps`, `cpu` and
-        `kwargs_handlers` are Accelerate's names, as are `dataloader_config`, `gradient_accumulation_plugin`,
-        `step_scheduler_with_optimizer`, `project_dir` and `log_with` (runner/options.py, runner/trackers.py)."""
+        GPU when CUDA is present (`cpu=True`: the CPU). `parallel`: "ddp" (the default), "fsdp", "none", or a
+        ParallelConfig with their settings (a DistributedDataParallelKwargs in `kwargs_handlers`: DDP's).
+        `mixed_precision`, `gradient_accumulation_steps`, `cpu` and `kwargs_handlers` are Accelerate's names, as
+        are `dataloader_config`, `gradient_accumulation_plugin`, `step_scheduler_with_optimizer`, `project_dir` and
+        `log_with` (runner/options.py, runner/trackers.py)."""
         self.dist = dist or DistInfo.from_env()
         if hardware is None:
             hardware = for_device("cpu" if cpu else device) if (cpu or device is not None) else this_process()
@@ -92,7 +95,7 @@ class Accelerator(AcceleratorExtras):
         self.scaler = make_scaler(self.precision.make_scaler(), self.device.type, scaler_settings)
         self.gradient_accumulation_steps, self.gradient_accumulation_plugin = accumulation_steps(
             gradient_accumulation_steps, grad_accum_steps, gradient_accumulation_plugin)
-        self.parallel = parallel or ddp_settings or ParallelConfig()
+        self.parallel = settings_of(parallel) if parallel is not None else ddp_settings or ParallelConfig()
         self.dataloader_config = dataloader_config or DataLoaderConfiguration()
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.project_dir = None if project_dir is None else Path(project_dir)
@@ -104,6 +107,11 @@ class Accelerator(AcceleratorExtras):
         self._models: list[nn.Module] = []
         self._optimizers: list = []
         self._schedulers: list = []
+        # FSDP puts new (DTensor) parameters in place of the model's: an optimizer built on the old ones is
+        # pointed at the new ones when it is prepared (old parameter's id -> (weak reference to it, new)). Weak:
+        # holding the old, whole parameters would keep the unsharded model alive on every process (measured with
+        # benchmarks/fsdp_memory.py); a dead reference means its id may belong to another tensor now.
+        self._sharded_parameters: dict[int, tuple[weakref.ref, nn.Parameter]] = {}
 
     # -- who am I -------------------------------------------------------------------------------------------------
 
@@ -159,6 +167,11 @@ class Accelerator(AcceleratorExtras):
         return self.dataloader_config.even_batches
 
     @property
+    def shards_parameters(self) -> bool:
+        """Whether prepared models are sharded across the processes (FSDP), so every forward is a collective."""
+        return parallel.shards(self.parallel, self.dist.is_distributed)
+
+    @property
     def sync_gradients(self) -> bool:
         """True on the micro-step that ends an accumulation cycle (always, without accumulation)."""
         return self.shared.sync_gradients
@@ -182,9 +195,13 @@ class Accelerator(AcceleratorExtras):
 
     def prepare(self, *objects: Any) -> Any:
         """Ready models, optimizers, data loaders / batch sources and LR schedulers for this device, in any order;
-        returned in the order given."""
-        prepared = tuple(self._prepare_one(obj) for obj in objects)
-        return prepared[0] if len(prepared) == 1 else prepared
+        returned in the order given. Models are prepared first, so an optimizer follows a sharded model's new
+        parameters whatever the order."""
+        order = sorted(range(len(objects)), key=lambda index: not isinstance(objects[index], nn.Module))
+        prepared: list[Any] = [None] * len(objects)
+        for index in order:
+            prepared[index] = self._prepare_one(objects[index])
+        return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
     def _prepare_one(self, obj: Any) -> Any:
         if isinstance(obj, nn.Module):
@@ -209,11 +226,23 @@ class Accelerator(AcceleratorExtras):
         return self.precision.convert(model)
 
     def _prepare_model(self, model: nn.Module) -> nn.Module:
-        model = self.convert_precision(model).to(self.device)
+        model = self.convert_precision(model)
         self._models.append(model)
-        return parallel.wrap(model, self.parallel, self.device, self.dist.is_distributed)
+        if not self.shards_parameters:
+            return parallel.wrap(model.to(self.device), self.parallel, self.device, self.dist.is_distributed)
+        # Not moved first: FSDP moves each unit's shard to the device as it shards it, so the whole model is
+        # never on one device.
+        before = dict(model.named_parameters(remove_duplicate=False))
+        model = parallel.wrap(model, self.parallel, self.device, True, world_size=self.dist.world_size,
+                              precision=self.precision.kind)
+        after = dict(model.named_parameters(remove_duplicate=False))
+        self._sharded_parameters.update({id(old): (weakref.ref(old), after[name]) for name, old in before.items()})
+        del before
+        return model
 
     def _prepare_optimizer(self, optimizer: torch.optim.Optimizer):
+        if self._sharded_parameters:
+            follow_sharded_parameters(optimizer, self._sharded_parameters)
         if self.scaler is not None or self.xla is not None or self.gradient_accumulation_steps > 1:
             optimizer = AcceleratedOptimizer(optimizer, self.shared, self.scaler, self.xla)
         self._optimizers.append(optimizer)
@@ -276,7 +305,10 @@ class Accelerator(AcceleratorExtras):
         else:
             self._micro_steps += 1
             self.shared.sync_gradients = self._micro_steps % self.gradient_accumulation_steps == 0
-        if self.shared.sync_gradients or plugin.sync_each_batch:
+        # FSDP reduce-scatters every micro-batch's gradients into the shards, where they add up: skipping that
+        # (set_requires_gradient_sync) would keep the whole model's gradients on every process, the memory
+        # FSDP is chosen to save.
+        if self.shared.sync_gradients or plugin.sync_each_batch or self.shards_parameters:
             return _NO_SYNC
         return self.no_sync(*models)
 
@@ -306,7 +338,9 @@ class Accelerator(AcceleratorExtras):
     def clip_grad_norm_(self, parameters, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clip the global gradient norm; under fp16 the gradients are unscaled first so the norm is real."""
         self.unscale_gradients()
-        return nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+        norm = nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+        # FSDP's gradients are DTensor shards: their norm is a (replicated) DTensor; callers get a plain tensor.
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
     def clip_grad_value_(self, parameters, clip_value: float) -> None:
         self.unscale_gradients()
@@ -345,6 +379,15 @@ class Accelerator(AcceleratorExtras):
         self._collective()
         return collectives.pad(tensors, dim, pad_index, pad_first)
 
+    def forwards_to_match(self, count: int) -> int:
+        """How many forwards this process must add to its `count` so that every process runs as many: under FSDP
+        each forward gathers parameters from all of them, so an evaluation shard shorter than another's would
+        leave its peers waiting. 0 when forwards are not collective."""
+        if not self.shards_parameters:
+            return 0
+        most = distributed.all_reduce(torch.tensor(count, device=self.device), "max")
+        return int(most.item()) - count
+
     def wait_for_everyone(self) -> None:
         self._collective()
         distributed.barrier()
@@ -358,26 +401,6 @@ class Accelerator(AcceleratorExtras):
         if self.is_main_process:
             distributed.barrier()
 
-    # -- state ----------------------------------------------------------------------------------------------------
-
-    def save_state(self, directory: str | Path) -> Path:
-        """Save every prepared model, optimizer and scheduler, the scaler and each process's RNG state."""
-        directory = Path(directory)
-        models = [self.unwrap_model(model) for model in self._models]
-        from runner import state as saved_state  # safetensors: only for a loop that saves
-
-        saved_state.save(directory, models, self._optimizers, self._schedulers, self.scaler,
-                         self.dist.rank, self.is_main_process)
-        self.wait_for_everyone()
-        return directory
-
-    def load_state(self, directory: str | Path) -> None:
-        """Restore what save_state wrote into the objects prepared (in the same order) by this Accelerator."""
-        from runner import state as saved_state
-
-        saved_state.load(Path(directory), [self.unwrap_model(m) for m in self._models], self._optimizers,
-                         self._schedulers, self.scaler, self.dist.rank)
-
     def set_seed(self, seed: int, device_specific: bool = False) -> None:
         set_seed(seed + self.process_index if device_specific else seed)
 
@@ -389,3 +412,4 @@ def set_seed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+

@@ -1,12 +1,13 @@
 """The parts of Accelerate's Accelerator API that sit beside the training step: which process runs a function,
-sharing inputs out, a stop flag all processes agree on, extra objects to checkpoint, freeing memory, and the
-experiment trackers (runner/trackers.py). Mixed into runner.Accelerator, whose process counts they read.
+sharing inputs out, a stop flag all processes agree on, extra objects to checkpoint, freeing memory, the
+experiment trackers (runner/trackers.py), and save_state/load_state (runner/checkpoint/accelerator_state.py). Mixed into runner.Accelerator, whose process counts they read.
 """
 
 from __future__ import annotations
 
 import functools
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -14,6 +15,7 @@ from torch import nn
 
 from runner import collectives, trackers
 from runner import dist as distributed
+from runner.config import ParallelKind
 
 
 class AcceleratorExtras:
@@ -166,6 +168,27 @@ class AcceleratorExtras:
         for tracker in self.trackers:
             tracker.finish()
         self.trackers = []
+
+    def save_state(self, directory: str | Path) -> Path:
+        """Save every prepared model, optimizer and scheduler, the scaler and each process's RNG state, in the
+        runner's checkpoint format (written whole or not at all, with a verified manifest; sharded under FSDP)."""
+        from runner.checkpoint import accelerator_state  # safetensors and DCP: only for a loop that saves
+
+        return accelerator_state.save(Path(directory), self._state_objects(), self.dist.world_size,
+                                      self.is_main_process)
+
+    def load_state(self, directory: str | Path) -> None:
+        """Restore what save_state wrote into the objects prepared (in the same order) by this Accelerator. A
+        sharded state may be loaded on another number of processes."""
+        from runner.checkpoint import accelerator_state
+
+        accelerator_state.load(Path(directory), self._state_objects(), self.dist.rank, self.dist.world_size)
+
+    def _state_objects(self):
+        from runner.checkpoint import accelerator_state
+
+        return accelerator_state.Objects([self.unwrap_model(model) for model in self._models], self._optimizers,
+                                         self._schedulers, self.scaler, self.parallel.kind is ParallelKind.fsdp)
 
 
 def _run_if(function, condition):

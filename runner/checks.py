@@ -9,6 +9,7 @@ from runner.build import target_problems
 from runner.config import ParallelKind, RunConfig, StartMethod
 from runner.devices import KINDS, Hardware
 from runner.errors import ConfigError, Problem
+from runner.parallel import compile_problems, parallel_problems
 from runner.plan import batch_problems
 from runner.precision import precision_problems
 
@@ -24,6 +25,8 @@ def check(config: RunConfig, hardware: Hardware) -> None:
         problems += batch_problems(config.trainer, hardware.world_size)
     problems += list(hardware.problems)
     problems += precision_problems(config.precision.kind, config.precision.fp8_emulation, hardware.device_type)
+    problems += parallel_problems(config.parallel, config.precision.kind, hardware.device_type)
+    problems += compile_problems(config.compile, hardware.device_type)
     target_keys = ("model", "optimizer", "scheduler", "data", "task")
     bad_targets = target_problems({key: getattr(config, key) for key in target_keys}, config.allowed_targets)
     problems += bad_targets
@@ -108,7 +111,7 @@ def launch_problems(config: RunConfig, resolved: Hardware) -> list[Problem]:
         )
     if resolved.multi_process and config.parallel.kind == ParallelKind.none:
         problems.append(Problem("parallel", f"is none, but the run has {resolved.world_size} processes, which would "
-                                            "train separate copies of the model; use parallel=ddp"))
+                                            "train separate copies of the model; use parallel=ddp or parallel=fsdp"))
     if not 0 <= hardware.machine_rank < max(1, hardware.num_machines):
         problems.append(Problem("hardware.machine_rank", f"is {hardware.machine_rank}; it must be 0 .. num_machines-1 "
                                 f"(0 .. {hardware.num_machines - 1})"))

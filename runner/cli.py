@@ -52,7 +52,7 @@ CALLBACK_PREFIXES = ("runner.sweep.", "hydra.experimental.callbacks.")
 
 # `runner WORD ...`: the runner's other commands (each also `python -m runner.WORD ...`). A word without `=` is
 # never a Hydra override, so these cannot clash with one.
-COMMANDS = {"launch": "runner.launch", "machine": "runner.machine", "recipes": "runner.recipes",
+COMMANDS = {"launch": "runner.launch", "machine": "runner.machine", "plan": "runner.plan", "recipes": "runner.recipes",
             "sample": "runner.sample", "env": "runner.env"}
 
 

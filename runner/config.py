@@ -90,15 +90,19 @@ class HardwareConfig:
 
 class ParallelKind(str, Enum):
     ddp = "ddp"
+    fsdp = "fsdp"
     none = "none"
 
 
 @dataclass
 class ParallelConfig:
-    """How several processes share the work; DDP's settings as torch.nn.parallel.DistributedDataParallel takes them."""
+    """How several processes share the work: DDP's settings as torch.nn.parallel.DistributedDataParallel takes them,
+    then FSDP's (torch.distributed.fsdp.fully_shard)."""
 
     kind: ParallelKind = ParallelKind.ddp
-    """ddp: every process holds the whole model, gradients are averaged; none: one process only."""
+    """ddp: every process holds the whole model, gradients are averaged; fsdp: each process holds 1/N of the
+    parameters, gradients and optimizer state, and gathers each block's parameters only while it computes with
+    them (checkpoints are sharded: torch.distributed.checkpoint); none: one process only."""
     find_unused_parameters: bool = False
     """Set when some parameters get no gradient in a step (branches the forward skips): DDP then looks for them
     each step, which costs time; without it such a model fails on several processes."""
@@ -111,6 +115,40 @@ class ParallelConfig:
     """Size of DDP's gradient buckets in MiB (None: torch's default, 25)."""
     broadcast_buffers: bool = True
     """Copy rank 0's buffers (e.g. BatchNorm statistics) to every rank at each forward."""
+    shard_modules: Optional[List[str]] = None
+    """fsdp: class names of the modules sharded as one unit each, e.g. [Block] (a unit's parameters are gathered for
+    its forward and backward, then freed). None: every block of each nn.ModuleList in the model (a transformer's
+    layers). The whole model is always the last unit, holding what the blocks do not."""
+    reshard_after_forward: bool = True
+    """fsdp: free each unit's gathered parameters after its forward and gather them again for backward (less
+    memory); false keeps them from forward to backward (one all-gather less per unit and step)."""
+    cpu_offload: bool = False
+    """fsdp on GPUs: keep the parameter, gradient and optimizer-state shards in CPU memory and step the optimizer
+    there (far less GPU memory, much slower steps)."""
+
+
+@dataclass
+class ActivationCheckpointingConfig:
+    enabled: bool = False
+    """Recompute each block's activations in backward instead of keeping them from forward: less memory (about
+    one block's activations instead of all of them), about one more forward per step."""
+    modules: Optional[List[str]] = None
+    """Class names of the blocks to checkpoint, e.g. [Block]. None: every block of each nn.ModuleList."""
+
+
+@dataclass
+class CompileConfig:
+    enabled: bool = False
+    """torch.compile the model (under parallel=fsdp: each sharded block, as torchtitan does). The first steps
+    are slow while it compiles; checkpoints and exports keep the model's own parameter names."""
+    backend: str = "inductor"
+    """torch.compile's backend: inductor (generated kernels; on a CPU it needs a C++ compiler), aot_eager or
+    eager (no code generation: to check that the model compiles)."""
+    mode: Optional[str] = None
+    """torch.compile's mode: default, reduce-overhead (CUDA graphs), max-autotune, max-autotune-no-cudagraphs
+    (None: default)."""
+    fullgraph: bool = False
+    """Fail when the model cannot be captured as one graph (graph breaks) instead of running the rest eagerly."""
 
 
 @dataclass
@@ -227,6 +265,8 @@ class RunConfig:
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    activation_checkpointing: ActivationCheckpointingConfig = field(default_factory=ActivationCheckpointingConfig)
+    compile: CompileConfig = field(default_factory=CompileConfig)
     model: Any = None
     """`_target_` node: the torch.nn.Module to train."""
     optimizer: Any = None

@@ -12,6 +12,7 @@ from the environment and NVML alone (never initialising CUDA) and exported (`Har
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from dataclasses import dataclass, field
 
@@ -330,3 +331,15 @@ def _presence_problems(hardware: Hardware, settings: HardwareConfig) -> list[Pro
                                                               "drives one XLA device per run, set 1"))
         return problems
     return []
+
+
+def memory_per_process(hardware: Hardware) -> int | None:
+    """Bytes one process may fill: a GPU's memory (the smallest of those visible), or on a CPU this machine's RAM
+    shared by its processes; None where it is not known here (a TPU)."""
+    if hardware.device_type == "cuda":
+        if not torch.cuda.is_available():
+            return None
+        return min(torch.cuda.get_device_properties(index).total_memory for index in range(torch.cuda.device_count()))
+    if hardware.device_type == "cpu":
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // hardware.processes_per_machine
+    return None

@@ -60,10 +60,15 @@ def evaluate(accelerator, model, batches, task) -> dict[str, float]:
     model = accelerator.unwrap_model(model)
     model.eval()
     totals: dict[str, torch.Tensor] = {}
+    # Under FSDP a forward is a collective: a rank with fewer rows repeats its last batch (results dropped).
+    extra = accelerator.forwards_to_match(len(batches))
+    batch = None
     with torch.no_grad(), accelerator.autocast():
         for batch in batches:
             for name, value in task.evaluation_stats(model, batch).items():
                 totals[name] = totals[name] + value if name in totals else value
+        for _ in range(extra):
+            task.evaluation_stats(model, batch)
     model.train()
     for value in totals.values():
         all_reduce_sum(value)
@@ -279,7 +284,7 @@ class Loop:
         metrics = self.step_metrics if self.step_metrics.get("step") == self.state.step else {}
         path = self.checkpointer.save(
             self.accelerator.unwrap_model(self.model), self.state_dict(), asdict(self.state),
-            {name: value for name, value in metrics.items() if name != "step"}, final=final,
+            {name: value for name, value in metrics.items() if name != "step"}, final=final, optimizer=self.optimizer,
         )
         self.last_saved = replace(self.state)
         if path is not None:
@@ -294,14 +299,15 @@ class Loop:
         raise Preempted(self.stop.name, self.state.step, self.checkpointer.last_path)
 
     def state_dict(self) -> dict:
-        """Everything a resumed run needs to continue exactly like this one."""
+        """Everything a resumed run needs to continue exactly like this one, but the model and the optimizer (the
+        checkpointer saves those, whole or sharded)."""
         return {
-            "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "scaler": self.accelerator.scaler.state_dict() if self.accelerator.scaler is not None else None,
             "per_rank": {"running_loss": self.running_loss.detach().cpu()},  # each rank's own share of the window
             "loop": {
                 **asdict(self.state),
+                "accumulation": self.accumulation,
                 "window_micro_batches": self.window_micro_batches,
                 "last_eval_step": self.last_eval_step,
                 "last_metrics": dict(self.last_metrics),
@@ -313,9 +319,13 @@ class Loop:
     def load_state_dict(self, loop_state: dict, this_rank: dict) -> None:
         """The "loop" and this process's "per_rank" parts of `state_dict()` (model, optimizer, scheduler and
         scaler are restored by the caller)."""
-        self.state = TrainState(loop_state["step"], loop_state["epoch"], loop_state["batch_in_epoch"])
-        self.running_loss = this_rank["running_loss"].to(self.accelerator.device)
-        self.window_micro_batches = loop_state["window_micro_batches"]
+        # Positions count micro-batches: on another process count (a resharded checkpoint) a step may take another
+        # number of them. Checkpoints are taken between optimizer steps, so whole steps convert exactly.
+        saved = loop_state.get("accumulation", self.accumulation)  # absent in checkpoints written before it was kept
+        scale = lambda micro_batches: micro_batches * self.accumulation // saved  # noqa: E731
+        self.state = TrainState(loop_state["step"], loop_state["epoch"], scale(loop_state["batch_in_epoch"]))
+        self.running_loss = this_rank["running_loss"].to(self.accelerator.device) * self.accumulation / saved
+        self.window_micro_batches = scale(loop_state["window_micro_batches"])
         self.last_eval_step, self.last_metrics = loop_state["last_eval_step"], dict(loop_state["last_metrics"])
         # Checkpoints written before callbacks existed hold neither key.
         self.stop_reason = loop_state.get("stop_reason")

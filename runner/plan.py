@@ -1,4 +1,5 @@
-"""The batch a run trains with, decided once in the parent from the trainer settings and the process count.
+"""The batch a run trains with, decided once in the parent from the trainer settings and the process count; and
+`runner plan OVERRIDES` (also `python -m runner.plan`), which says before a run what it will hold per process.
 
 `trainer.batch_size` is the global batch of one optimizer step. Each of the N processes takes batch_size / N
 samples of it, split into `grad_accum_steps` micro-batches when a device cannot take its share at once
@@ -81,3 +82,69 @@ def _plan(trainer: TrainerConfig, processes: int) -> BatchPlan:
 
 def _multiple(value: int, of: int) -> int:
     return max(of, round(value / of) * of)
+
+
+# -- runner plan -----------------------------------------------------------------------------------------------
+
+
+def describe_run(spec) -> str:
+    """What `spec` (runner.cli.load's RunSpec) would train, per process: the model built on the meta device (no
+    data is built), its weights, gradients and optimizer state for the parallel setting and precision
+    (runner/memory.py), the batch, the steps, and whether it fits the memory of the devices present."""
+    import torch
+
+    from runner.build import build_model, build_optimizer
+    from runner.devices import memory_per_process
+    from runner.memory import human, memory_plan
+
+    config, hardware, batch = spec.config, spec.hardware, spec.batch
+    with torch.device("meta"):
+        model = build_model(config.model)
+    memory = memory_plan(model, build_optimizer(config.optimizer, model.parameters()), config.parallel,
+                         hardware.world_size, config.precision.kind)
+    parts = [f"weights {human(memory.weight_bytes)}", f"gradients {human(memory.gradient_bytes)}",
+             f"optimizer state {human(memory.optimizer_bytes)}"]
+    if memory.bucket_bytes:
+        parts.append(f"DDP gradient buckets {human(memory.bucket_bytes)}")
+    if memory.gathered_bytes:
+        parts.append(f"gathered while computing {human(memory.gathered_bytes)}")
+    trainer = config.trainer
+    steps = (f"at most {trainer.max_steps} optimizer steps (trainer.max_steps) within {trainer.max_epochs} epoch(s)"
+             if trainer.max_steps else
+             f"{trainer.max_epochs} epoch(s) of training rows / {batch.global_batch} optimizer steps each (the plan "
+             "builds no data; `runner recipes validate NAME` counts them)")
+    capacity = memory_per_process(hardware)
+    if capacity is None:
+        fits = f"unknown: the memory of a {hardware.device_type} device is not known here"
+    elif memory.total_bytes <= capacity:
+        fits = f"yes, {human(memory.total_bytes)} of {human(capacity)} per process, before activations"
+    else:
+        fits = (f"no: {human(memory.total_bytes)} per process before activations, and a process has "
+                f"{human(capacity)}; use parallel=fsdp, more processes, or a smaller model")
+    return "\n".join([
+        f"plan: parallel {config.parallel.kind.value} on {hardware.world_size} {hardware.device_type} process(es), "
+        f"precision {config.precision.kind.value}",
+        f"model: {memory.parameters:,} parameters ({type(model).__name__})",
+        f"per process: {', '.join(parts)} = {human(memory.total_bytes)}",
+        batch.describe(),
+        f"steps: {steps}",
+        f"fits: {fits}",
+    ])
+
+
+def main(argv: list[str] | None = None) -> int:
+    import sys
+
+    from runner.cli import load
+    from runner.errors import RunnerError
+
+    try:
+        print(describe_run(load(sys.argv[1:] if argv is None else argv)))
+    except RunnerError as err:
+        print(f"runner: error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -126,6 +126,11 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         return f"AcceleratedOptimizer({self.optimizer!r})"
 
 
+def unwrap_optimizer(optimizer):
+    """The torch optimizer inside an AcceleratedOptimizer (or the optimizer itself; None stays None)."""
+    return optimizer.optimizer if isinstance(optimizer, AcceleratedOptimizer) else optimizer
+
+
 class AcceleratedScheduler:
     """Steps the schedule with each optimizer step that really happened, `steps` times.
 

@@ -19,16 +19,18 @@ from torch import nn
 
 from runner.accelerator import Accelerator, set_seed
 from runner.build import build_data, build_model, build_optimizer, build_scheduler, build_task
+from runner.callbacks import RunContext, build_callbacks
 from runner.checkpoint import Checkpointer
-from runner.config import RunConfig, plain
+from runner.checkpoint.files import Layout
+from runner.config import ParallelKind, RunConfig, plain
 from runner.data.batches import make_batches
 from runner.data.shapes import fill_from_data, fit_statistics
-from runner.dist import local_main_first
-from runner.loop import Loop, planned_steps
-from runner.callbacks import RunContext, build_callbacks
 from runner.debug import fast_dev_run_note, overfit_splits
+from runner.dist import local_main_first
 from runner.loggers import LogSink, Loggers, NullLogger, RunInfo, make_logger
+from runner.loop import Loop, planned_steps
 from runner.metrics import Progress
+from runner.parallel import prepare_blocks
 from runner.plan import BatchPlan
 from runner.signals import StopSignals
 from runner.summary import data_summary, model_summary, schedule_summary
@@ -39,7 +41,8 @@ log = logging.getLogger(__name__)
 @dataclass
 class Parts:
     """A run's objects, built and prepared. `model` and `optimizer` are the user's own (checkpoints save them);
-    `prepared_*` are what the Accelerator handed back (DDP, scaler and accumulation wrappers)."""
+    `prepared_*` are what the Accelerator handed back (DDP, scaler and accumulation wrappers; FSDP shards the
+    model in place, so there both are the same module)."""
 
     model: nn.Module
     optimizer: Any
@@ -67,7 +70,15 @@ def build_parts(config: RunConfig, batch: BatchPlan, accelerator: Accelerator, s
     # fp8 swaps Linear layers for Float8Linear: before the optimizer is built from the parameters.
     model = accelerator.convert_precision(model)
     log.info("%s", model_summary(model))
+    # Activation checkpointing and torch.compile go on the blocks before FSDP shards them (in prepare).
+    model = prepare_blocks(model, config.activation_checkpointing, config.compile, config.parallel,
+                           accelerator.shards_parameters)
     log.info("%s", accelerator.describe())
+    if config.parallel.kind is ParallelKind.fsdp and not accelerator.shards_parameters:
+        # Allowed on purpose: it is how a sharded checkpoint continues on one device (and how a run starts that
+        # several processes will continue).
+        log.info("parallel=fsdp on one process: nothing is sharded; checkpoints are written sharded all the same, "
+                 "so any number of processes can continue them")
     if accelerator.precision.speed_warning():
         log.warning("%s", accelerator.precision.speed_warning())
     log.info("%s", batch.describe())
@@ -104,7 +115,7 @@ def make_loop(parts: Parts, config: RunConfig, batch: BatchPlan, accelerator: Ac
     callbacks = build_callbacks(config.callbacks, RunContext(run_dir, accelerator.dist.rank, is_main and writes))
     checkpointer = (Checkpointer(run_dir, config.checkpoint, writer=is_main, monitor=trainer.monitor,
                                  monitor_mode=trainer.monitor_mode, world_size=accelerator.num_processes,
-                                 resolved=plain(config))
+                                 resolved=plain(config), layout=checkpoint_layout(config))
                     if checkpoints and writes else Checkpointer.disabled())
     return Loop(
         accelerator, parts.prepared_model, parts.prepared_optimizer, parts.scheduler, parts.train_batches,
@@ -115,6 +126,11 @@ def make_loop(parts: Parts, config: RunConfig, batch: BatchPlan, accelerator: Ac
         stop=StopSignals(config.checkpoint.stop_signals, accelerator.dist.is_distributed),
         callbacks=callbacks,
     )
+
+
+def checkpoint_layout(config: RunConfig) -> Layout:
+    """parallel=fsdp checkpoints are sharded (even from one process: they may be resumed on several)."""
+    return Layout.dcp if config.parallel.kind == ParallelKind.fsdp else Layout.safetensors
 
 
 def check_fit(task, accelerator: Accelerator, model, train_batches, model_node: dict) -> None:

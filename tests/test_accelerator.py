@@ -13,6 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from runner.accelerator import Accelerator, set_seed
+from runner.checkpoint import damage
 from runner.dist import DistInfo
 from runner.prepared import AcceleratedOptimizer, AcceleratedScheduler
 
@@ -213,9 +214,11 @@ def test_save_state_then_load_state_resumes_exactly(tmp_path):
     assert scheduler.last_epoch == 2
     accelerated_loop(accelerator, model, optimizer, loader, scheduler)
     assert max_difference(after, model) == 0
+    # The runner's checkpoint format: a manifest (written last) verifies every file; RNG states are in state.pt.
     assert sorted(path.name for path in (tmp_path / "state").iterdir()) == [
-        "model_0.safetensors", "rng_rank0.pt", "state.pt"
+        "manifest.json", "model_0.safetensors", "state.pt"
     ]
+    assert damage(tmp_path / "state") is None and not list(tmp_path.glob(".partial-*"))
 
 
 def test_prepare_rejects_what_it_cannot_place():

@@ -344,3 +344,39 @@ def test_a_resealed_checkpoint_holding_pickled_objects_is_refused_with_a_message
     with pytest.raises(CheckpointError, match=r"state.pt cannot be loaded safely \(UnpicklingError: .*altered after "
                                               r"it was written"):
         restore(path, _objects()[0], world_size=1)
+
+
+def test_the_sharded_layout_keeps_the_same_retention_verification_exports_and_exact_restore(tmp_path):
+    # parallel=fsdp's layout from one process (DCP without a process group): what changes is only who writes what.
+    model, optimizer = _objects()
+    checkpointer = Checkpointer(tmp_path, CheckpointConfig(keep_last=2, keep_best=1), writer=True,
+                                monitor="val/accuracy", monitor_mode=MonitorMode.max, world_size=1,
+                                resolved=RESOLVED, layout=files.Layout.dcp)
+    for step, accuracy in [(1, 0.2), (2, 0.9), (3, 0.5), (4, 0.4)]:
+        checkpointer.save(model, {"loop": {"step": step}}, {"step": step, "epoch": 0, "batch_in_epoch": step},
+                          {"val/accuracy": accuracy}, final=step == 4, optimizer=optimizer)
+        checkpointer.wait()
+    found = complete_checkpoints(tmp_path / "checkpoints")
+    assert [manifest["step"] for _, manifest in found] == [2, 3, 4]  # the best (0.9 at step 2) and the last two
+    path, manifest = found[-1]
+    assert read_pointer(tmp_path / "checkpoints") == path.name
+    assert manifest["layout"] == "dcp" and MODEL_FILE not in manifest["files"]
+    assert {".metadata", "__0_0.distcp", STATE_FILE, "config.yaml"} <= set(manifest["files"])
+    assert "optimizer" not in torch.load(path / STATE_FILE, weights_only=True)  # it is in the shards
+    export = tmp_path / "export"
+    assert json.loads((export / "best.json").read_text())["step"] == 2
+    for name in ("final", "best"):  # plain safetensors files with the model's own names
+        assert set(load_file(export / f"{name}.safetensors")) == set(model.state_dict())
+
+    fresh, fresh_optimizer = _objects(seed=1)
+    restore(path, fresh, fresh_optimizer)
+    for (name, a), b in zip(model.state_dict().items(), fresh.state_dict().values()):
+        assert torch.equal(a, b), name
+    saved, loaded = optimizer.state_dict()["state"], fresh_optimizer.state_dict()["state"]
+    assert all(torch.equal(saved[key]["exp_avg"], loaded[key]["exp_avg"]) for key in saved)
+
+    shard = path / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    assert "__0_0.distcp" in damage(path)

@@ -57,7 +57,7 @@ def test_hydra_run_dir_is_unique_per_start_and_under_outputs():
 # The user-facing surface, frozen on purpose: a new knob or option must change this test in a reviewed diff.
 EXPECTED_GROUPS = {
     "hardware": ["auto", "cpu", "gpu", "multi_cpu", "multi_gpu", "tpu"],
-    "parallel": ["ddp", "none"],
+    "parallel": ["ddp", "fsdp", "none"],
     "precision": ["bf16", "fp16", "fp32", "fp8"],
     "model": ["gpt", "hf_causal_lm", "hf_pretrained", "mlp", "resnet", "seq_transformer", "text_classifier"],
     "optimizer": ["adamw", "sgd"],
@@ -88,8 +88,9 @@ def test_config_groups_are_frozen():
 
 def test_schema_keys_are_frozen():
     assert sorted(OmegaConf.to_container(OmegaConf.structured(RunConfig)).keys()) == sorted(
-        ["hardware", "parallel", "precision", "model", "optimizer", "scheduler", "data", "task", "seed", "gpu_ids", "trainer",
-         "checkpoint", "logging", "logger", "callbacks", "resume", "allowed_targets"]
+        ["hardware", "parallel", "precision", "activation_checkpointing", "compile", "model", "optimizer", "scheduler",
+         "data", "task", "seed", "gpu_ids", "trainer", "checkpoint", "logging", "logger", "callbacks", "resume",
+         "allowed_targets"]
     )
     structured = OmegaConf.structured(RunConfig)
     assert sorted(structured.trainer.keys()) == sorted(
@@ -100,8 +101,10 @@ def test_schema_keys_are_frozen():
     )
     assert sorted(structured.parallel.keys()) == sorted(
         ["kind", "find_unused_parameters", "static_graph", "gradient_as_bucket_view", "bucket_cap_mb",
-         "broadcast_buffers"]
+         "broadcast_buffers", "shard_modules", "reshard_after_forward", "cpu_offload"]
     )
+    assert sorted(structured.activation_checkpointing.keys()) == ["enabled", "modules"]
+    assert sorted(structured.compile.keys()) == ["backend", "enabled", "fullgraph", "mode"]
     assert sorted(structured.hardware.keys()) == sorted(
         ["kind", "num_processes", "threads_per_process", "start_method", "num_machines", "machine_rank",
          "main_process_ip", "main_process_port", "timeout_s", "shutdown_timeout_s", "max_restarts"]

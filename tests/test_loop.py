@@ -36,7 +36,7 @@ class RecordingCheckpointer:
     def due(self, step, evaluated):
         return False
 
-    def save(self, model, state, position, metrics, final=False):
+    def save(self, model, state, position, metrics, final=False, optimizer=None):
         self.steps.append((position["step"], position["epoch"]))
         return None
 

@@ -2,7 +2,8 @@
 
 The loop hands over plain state dicts and its position; every process calls `save` (the RNG states of all ranks
 are gathered), the writing process (rank 0) writes once, and all wait at a barrier so no rank runs ahead of a
-checkpoint that is still being written.
+checkpoint that is still being written. In the `dcp` layout (a sharded model) every rank also writes its shards of
+the weights and optimizer state, and an export gathers the whole weights on rank 0 (runner/checkpoint/sharded.py).
 """
 
 from __future__ import annotations
@@ -16,16 +17,19 @@ from pathlib import Path
 
 import torch
 import yaml
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_model, save_file, save_model
 from torch import nn
 
-from runner.checkpoint import files
+from runner.checkpoint import files, sharded
+from runner.checkpoint.files import Layout
 from runner.checkpoint.hf_export import export_pretrained
 from runner.checkpoint.resume import refuse_another_world_size
 from runner.checkpoint.rng import capture_rng, restore_rng
 from runner.config import CheckpointConfig, MonitorMode
 from runner.dist import all_gather_object, barrier
 from runner.errors import CheckpointError, write_error
+from runner.parallel import is_sharded
+from runner.prepared import unwrap_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +49,7 @@ class Checkpointer:
     """Saves into `<run dir>/checkpoints` on a cadence, keeps the last/best K, exports final and best weights."""
 
     def __init__(self, run_dir: Path, settings: CheckpointConfig, *, writer: bool, monitor: str,
-                 monitor_mode: MonitorMode, world_size: int, resolved: dict):
+                 monitor_mode: MonitorMode, world_size: int, resolved: dict, layout: Layout = Layout.safetensors):
         self.directory = run_dir / "checkpoints"
         self.export_dir = run_dir / EXPORT_DIR
         self.settings = settings
@@ -53,6 +57,7 @@ class Checkpointer:
         self.monitor, self.maximize = monitor, MonitorMode(monitor_mode) is MonitorMode.max
         self.world_size = world_size
         self.resolved = resolved
+        self.layout = Layout(layout)
         self.best: dict | None = None  # {"step", "value"} of the best monitored value saved so far
         self.last_path: Path | None = None  # the newest checkpoint written by this process
         # Sealing (hashing, fsync, manifest, rename, export, pruning) runs in one background thread while
@@ -88,20 +93,27 @@ class Checkpointer:
     def load_state_dict(self, state: dict) -> None:
         self.best = state.get("best")
 
-    def save(self, model: nn.Module, state: dict, position: dict, metrics: dict, final: bool = False) -> Path | None:
-        """Write one checkpoint. `position` holds step, epoch, batch_in_epoch; `metrics` those logged at this step.
+    def save(self, model: nn.Module, state: dict, position: dict, metrics: dict, final: bool = False,
+             optimizer=None) -> Path | None:
+        """Write one checkpoint. `position` holds step, epoch, batch_in_epoch; `metrics` those logged at this step;
+        `optimizer` (needed in the dcp layout) is saved with the model instead of a state["optimizer"].
         Returns once the files are written (training may go on); the checkpoint appears when sealed."""
         if not self.settings.enabled:
             return None
         # A collective (every process takes part): what differs between ranks, RNG included, is kept per rank.
         per_rank = all_gather_object({**state.get("per_rank", {}), "rng": capture_rng()})
-        path = None
+        # Every rank keeps the best value (the metrics are the same on all): a sharded export needs all of them.
+        improved = self._track_best(position["step"], metrics.get(self.monitor))
         if self.writer:
             self._finish_pending()
-            improved = self._track_best(position["step"], metrics.get(self.monitor))
-            state = {**state, "per_rank": per_rank, "checkpointer": self.state_dict()}
-            path = self._write(model, state, position, metrics, improved, final)
-            if final and self.settings.export:  # transformers models also get export/hf/ (save_pretrained layout)
+        state = {**state, "per_rank": per_rank, "checkpointer": self.state_dict()}
+        if self.layout is Layout.dcp:
+            path = self._write_sharded(model, unwrap_optimizer(optimizer), state, position, metrics, improved, final)
+        else:
+            if optimizer is not None:
+                state["optimizer"] = optimizer.state_dict()
+            path = self._write(model, state, position, metrics, improved, final) if self.writer else None
+            if self.writer and final and self.settings.export:  # transformers models also get export/hf/
                 export_pretrained(model, self.export_dir)
         barrier()
         # Every rank knows where rank 0 wrote (resuming assumes a file system all ranks share).
@@ -126,16 +138,19 @@ class Checkpointer:
             self.best = {"step": step, "value": value}
         return improved
 
-    def _write(self, model: nn.Module, state: dict, position: dict, metrics: dict, improved: bool, final: bool) -> Path:
+    def _manifest(self, position: dict, metrics: dict) -> dict:
         value = metrics.get(self.monitor)
-        manifest = {
+        return {
             **position,
             "world_size": self.world_size,
+            "layout": self.layout.value,
             "config_hash": config_hash(self.resolved),
             "monitor": self.monitor,
             "monitor_value": value if value is not None and math.isfinite(value) else None,
             "metrics": metrics,
         }
+
+    def _write(self, model: nn.Module, state: dict, position: dict, metrics: dict, improved: bool, final: bool) -> Path:
         writers = {
             MODEL_FILE: lambda path: save_model(model, str(path)),
             STATE_FILE: lambda path: torch.save(state, path),
@@ -143,29 +158,62 @@ class Checkpointer:
         }
         name = files.checkpoint_name(position["step"])
         files.write_files(self.directory, name, writers)
-        about = {"step": position["step"], self.monitor: value}
-        self._pending = self._sealer.submit(self._seal, name, manifest, about, improved, final)
+        return self._start_seal(name, position, metrics, improved, final, weights=None)
+
+    def _write_sharded(self, model: nn.Module, optimizer, state: dict, position: dict, metrics: dict,
+                       improved: bool, final: bool) -> Path | None:
+        """Every rank: its shards of the weights and optimizer state; rank 0: the rest, then the seal. An export
+        due now gathers the whole weights first (a CPU copy, written by the seal in the background)."""
+        if optimizer is None:
+            raise CheckpointError("checkpoint: the dcp layout saves the optimizer with the model; pass optimizer=")
+        distributed = self.world_size > 1
+        weights = sharded.full_weights(model, distributed) if self.settings.export and (improved or final) else None
+        name = files.checkpoint_name(position["step"])
+        tensors = {"model": sharded.model_state(model), "optimizer": sharded.optimizer_state(model, optimizer)}
+        sharded.write(self.directory, name, tensors, self.writer, distributed)
+        if not self.writer:
+            return None
+        state = {key: value for key, value in state.items() if key != "optimizer"}
+        files.write_files(self.directory, name, {
+            STATE_FILE: lambda path: torch.save(state, path),
+            CONFIG_FILE: lambda path: path.write_text(yaml.safe_dump(self.resolved, sort_keys=False), encoding="utf-8"),
+        }, fresh=False)
+        if final and self.settings.export:  # transformers models also get export/hf/, from the gathered weights
+            export_pretrained(model, self.export_dir, state_dict=weights)
+        return self._start_seal(name, position, metrics, improved, final, weights)
+
+    def _start_seal(self, name: str, position: dict, metrics: dict, improved: bool, final: bool, weights) -> Path:
+        about = {"step": position["step"], self.monitor: metrics.get(self.monitor)}
+        self._pending = self._sealer.submit(self._seal, name, self._manifest(position, metrics), about, improved,
+                                            final, weights)
         return self.directory / name
 
-    def _seal(self, name: str, manifest: dict, about: dict, best: bool, final: bool) -> Path:
+    def _seal(self, name: str, manifest: dict, about: dict, best: bool, final: bool, weights) -> Path:
         path = files.seal(self.directory, name, manifest)
         try:
             if self.settings.export and (best or final):
-                self._export(path, about, best, final)
+                self._export(path, about, best, final, weights)
             self._apply_retention()
         except OSError as err:
             raise write_error(err, self.export_dir, f"the export of {path.name} (the checkpoint itself is "
                                                     "complete)") from err
         return path
 
-    def _export(self, path: Path, about: dict, best: bool, final: bool) -> None:
-        """Weights as standalone safetensors files plus the resolved config, readable without the runner."""
+    def _export(self, path: Path, about: dict, best: bool, final: bool, weights: dict | None) -> None:
+        """Weights as standalone safetensors files plus the resolved config, readable without the runner: the
+        checkpoint's model.safetensors, or the sharded model's gathered `weights` (one plain state dict)."""
         self.export_dir.mkdir(exist_ok=True)
         (self.export_dir / CONFIG_FILE).write_text(yaml.safe_dump(self.resolved, sort_keys=False), encoding="utf-8")
+        source = path / MODEL_FILE
+        if weights is not None:
+            source = self.export_dir / f"{files.PARTIAL_PREFIX}weights.safetensors"
+            save_file(weights, str(source))
         for wanted, name in ((best, "best"), (final, "final")):
             if wanted:
-                files.copy_durably(path / MODEL_FILE, self.export_dir / f"{name}.safetensors")
+                files.copy_durably(source, self.export_dir / f"{name}.safetensors")
                 (self.export_dir / f"{name}.json").write_text(json.dumps(about), encoding="utf-8")
+        if weights is not None:
+            source.unlink()
 
     def _apply_retention(self) -> None:
         keep_last, keep_best = self.settings.keep_last, self.settings.keep_best
@@ -185,15 +233,27 @@ class Checkpointer:
 def restore(path: Path, model: nn.Module, optimizer=None, scheduler=None, scaler=None, *, rank: int = 0,
             world_size: int = 1, resolved: dict | None = None) -> dict:
     """Load a (verified) checkpoint into these objects; returns the saved state dict: "loop" and "checkpointer"
-    for their owners, "this_rank" for what was saved per process (RNG: see apply_rng). Refuses a checkpoint written
-    with another number of processes, and one whose weights do not fit the model."""
+    for their owners, "this_rank" for what was saved per process (RNG: see apply_rng). Refuses a safetensors
+    checkpoint written with another number of processes (a dcp one is resharded), and weights that do not fit.
+    Every rank calls it (a dcp checkpoint is loaded collectively)."""
     manifest = files.read_manifest(path)
     if manifest is None:
         raise CheckpointError(f"resume: {path} is not a complete checkpoint (no valid {files.MANIFEST})")
     refuse_another_world_size(path, world_size)
     if resolved is not None and manifest["config_hash"] != config_hash(resolved):
         _warn_config_changes(path, resolved)
-    _load_weights(path, model)
+    layout = files.layout_of(manifest)
+    if layout is Layout.dcp:
+        entries = {"model": (model, None)}
+        if optimizer is not None:
+            entries["optimizer"] = (model, unwrap_optimizer(optimizer))
+        sharded.load(path, entries, world_size > 1)
+    elif is_sharded(model):
+        raise CheckpointError(f"resume: {path} holds whole weights (written without parallel=fsdp) and this run "
+                              "shards the model; resume it with the parallel setting it was written with, or start "
+                              f"a new run from its weights ({path / MODEL_FILE})")
+    else:
+        _load_weights(path, model)
     # mmap: tensors are read from the (usually cached) file as load_state_dict copies them, not read twice.
     try:
         state = torch.load(path / STATE_FILE, weights_only=True, map_location="cpu", mmap=True)
@@ -209,8 +269,26 @@ def restore(path: Path, model: nn.Module, optimizer=None, scheduler=None, scaler
             except (ValueError, KeyError, RuntimeError) as err:
                 raise CheckpointError(f"resume: the {key} state in {path} does not fit this run's {key}: {err}") from err
     state["manifest"] = manifest
-    state["this_rank"] = state["per_rank"][rank]
+    state["this_rank"] = this_rank(state["per_rank"], rank, world_size, path)
     return state
+
+
+def this_rank(per_rank: list[dict], rank: int, world_size: int, path: Path) -> dict:
+    """What this rank saved. Resharded onto another process count (dcp), each rank takes the RNG state of rank
+    `rank mod writers` and the writers' mean of every per-rank float tensor (the loss window's sums: the mean
+    over all ranks is what gets logged, and it stays the same); random draws (dropout) do not repeat those of an
+    uninterrupted run."""
+    if len(per_rank) == world_size:
+        return per_rank[rank]
+    if rank == 0:
+        log.warning("resume: %s was written by %d process(es) and this run has %d: the weights and optimizer state "
+                    "are resharded exactly; each process's RNG state and share of the loss window are approximate, "
+                    "so the run is no longer an exact continuation", path, len(per_rank), world_size)
+    mine = dict(per_rank[rank % len(per_rank)])
+    for key, value in mine.items():
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            mine[key] = sum(saved[key] for saved in per_rank) / len(per_rank)
+    return mine
 
 
 def _load_weights(path: Path, model: nn.Module) -> None:

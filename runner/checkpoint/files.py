@@ -5,9 +5,13 @@
         model.safetensors   weights (safe to load: no code runs)
         state.pt            optimizer, scheduler, scaler, loop position, RNG (torch.load(weights_only=True))
         config.yaml         the resolved config that produced it
-        manifest.json       written last: step, epoch, position, world size, config hash, each file's size
-                            and the sha256 of each of its 64 MiB blocks
+        manifest.json       written last: step, epoch, position, world size, layout, config hash, each file's
+                            size and the sha256 of each of its 64 MiB blocks
       latest                the name of the newest complete checkpoint
+
+That is the `safetensors` layout, written by rank 0 alone. In the `dcp` layout (parallel=fsdp) every rank writes
+its shards of the weights and optimizer state (torch.distributed.checkpoint: `.metadata`, `__<rank>_0.distcp`)
+into the same `.partial-step_N/`, and state.pt holds the rest; the manifest covers every file either way.
 
 Files are written into `.partial-step_N/`, fsynced, hashed, the manifest written and fsynced last, then the
 directory is renamed into place and the parent fsynced; only then does `latest` move (itself written to a
@@ -23,6 +27,7 @@ import json
 import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
+from enum import Enum
 from pathlib import Path
 from typing import Callable
 
@@ -37,8 +42,37 @@ _CHUNK = 8 * 2**20
 BLOCK = 64 * 2**20  # files are hashed in blocks of this size, in parallel
 
 
+class Layout(str, Enum):
+    safetensors = "safetensors"
+    """rank 0 writes the whole model (model.safetensors) and the rest (state.pt)."""
+    dcp = "dcp"
+    """every rank writes its shards of the model and optimizer (torch.distributed.checkpoint); rank 0 the rest."""
+
+
+def layout_of(manifest: dict) -> Layout:
+    # Checkpoints written before the manifest recorded a layout are all safetensors ones.
+    return Layout(manifest.get("layout", Layout.safetensors.value))
+
+
 def checkpoint_name(step: int) -> str:
     return f"step_{step:08d}"
+
+
+def partial_path(directory: Path, name: str) -> Path:
+    """Where a checkpoint is written before it is sealed and renamed to `directory/name`."""
+    return directory / f"{PARTIAL_PREFIX}{name}"
+
+
+def start_partial(directory: Path, name: str) -> Path:
+    """An empty `.partial-<name>/` (a leftover of an interrupted write of the same name is removed)."""
+    partial = partial_path(directory, name)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir()
+    except OSError as err:
+        raise _write_failure(directory / name, err) from err
+    return partial
 
 
 def write_checkpoint(directory: Path, name: str, writers: dict[str, Callable[[Path], None]], manifest: dict) -> Path:
@@ -47,15 +81,13 @@ def write_checkpoint(directory: Path, name: str, writers: dict[str, Callable[[Pa
     return seal(directory, name, manifest)
 
 
-def write_files(directory: Path, name: str, writers: dict[str, Callable[[Path], None]]) -> None:
-    """Each `writers[file](path)` writes one file into `.partial-<name>/`: the part that must finish before training
+def write_files(directory: Path, name: str, writers: dict[str, Callable[[Path], None]], fresh: bool = True) -> None:
+    """Each `writers[file](path)` writes one file into `.partial-<name>/` (`fresh`: a new one; else the one
+    `start_partial` made, which the ranks' shards are in already): the part that must finish before training
     changes any tensor again. Any OSError (a full disk included) removes the partial directory and raises a
     WriteError (DiskFull for ENOSPC/EDQUOT); earlier checkpoints and `latest` are untouched."""
-    partial = directory / f"{PARTIAL_PREFIX}{name}"
+    partial = start_partial(directory, name) if fresh else partial_path(directory, name)
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir()
         for file_name, write in writers.items():
             write(partial / file_name)
     except (OSError, RuntimeError) as err:  # torch.save and safetensors raise RuntimeError on a full disk
@@ -64,9 +96,9 @@ def write_files(directory: Path, name: str, writers: dict[str, Callable[[Path], 
         raise failure from err
 
 
-def seal(directory: Path, name: str, manifest: dict) -> Path:
+def seal(directory: Path, name: str, manifest: dict, pointer: bool = True) -> Path:
     """Hash and fsync the written files, write the manifest last, rename the directory into place, fsync the
-    parent, move `latest`. Touches nothing the training uses, so it may run in a background thread."""
+    parent, move `latest` (`pointer`). Touches nothing the training uses, so it may run in a background thread."""
     final = directory / name
     partial = directory / f"{PARTIAL_PREFIX}{name}"
     try:
@@ -76,7 +108,8 @@ def seal(directory: Path, name: str, manifest: dict) -> Path:
         fsync_path(partial)
         _replace_dir(partial, final)
         fsync_path(directory)
-        write_pointer(directory, name)
+        if pointer:
+            write_pointer(directory, name)
     except OSError as err:
         failure = _write_failure(final, err)
         shutil.rmtree(partial, ignore_errors=True)
@@ -131,7 +164,9 @@ def _write_text_durably(path: Path, text: str, temporary: Path | None = None) ->
 
 def _write_failure(final: Path, err: Exception):
     """The error for a checkpoint write that failed; its partial files are gone, earlier checkpoints untouched."""
-    failure = write_error(err, final, f"checkpoint step {int(final.name.split('_')[-1])}")
+    number = final.name.split("_")[-1]
+    what = f"checkpoint step {int(number)}" if final.name.startswith("step_") and number.isdigit() else "the state"
+    failure = write_error(err, final, what)
     failure.args = (f"{failure} (its partial files were removed; earlier checkpoints are untouched)",)
     return failure
 

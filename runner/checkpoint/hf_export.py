@@ -14,15 +14,15 @@ from runner.errors import CheckpointError
 HF_EXPORT_DIR = "hf"
 
 
-def export_pretrained(model: nn.Module, export_dir: Path) -> Path | None:
+def export_pretrained(model: nn.Module, export_dir: Path, state_dict: dict | None = None) -> Path | None:
     """Write `export_dir/hf` for a transformers model (anything else: nothing, None). Whole or not at all: written
-    beside it first, then renamed into place."""
+    beside it first, then renamed into place. `state_dict`: the whole weights of a sharded model, gathered."""
     if not (hasattr(model, "save_pretrained") and hasattr(model, "config")):
         return None
     target, partial = export_dir / HF_EXPORT_DIR, export_dir / f".{HF_EXPORT_DIR}.partial"
     try:
         shutil.rmtree(partial, ignore_errors=True)
-        model.save_pretrained(str(partial))
+        model.save_pretrained(str(partial), **({"state_dict": state_dict} if state_dict is not None else {}))
         if target.exists():
             shutil.rmtree(target)
         os.replace(partial, target)

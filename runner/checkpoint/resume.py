@@ -71,16 +71,19 @@ def newest_intact(directory: Path, verify: bool = True) -> Path | None:
 
 
 def refuse_another_world_size(path: Path, world_size: int) -> None:
-    """Decided in the parent, before any worker starts: a checkpoint continues exactly only on as many processes
-    as wrote it (the batch order, the gradient average and the RNG states are per process)."""
+    """Decided in the parent, before any worker starts: a checkpoint of whole weights continues exactly only on as
+    many processes as wrote it (the batch order, the gradient average and the RNG states are per process). A
+    sharded one (parallel=fsdp, the dcp layout) is resharded onto any count; restore() says what is approximate."""
     manifest = files.read_manifest(path)
-    if manifest is not None and manifest["world_size"] != world_size:
-        raise CheckpointError(
-            f"resume: {path} was written by a run with {manifest['world_size']} process(es) and this run has "
-            f"{world_size}. The batch order, the gradient average and the RNG states are per process, so it cannot "
-            f"continue exactly: resume with hardware.num_processes={manifest['world_size']}, or start a new run "
-            f"from its weights ({path / 'model.safetensors'})"
-        )
+    if manifest is None or manifest["world_size"] == world_size or files.layout_of(manifest) is files.Layout.dcp:
+        return
+    raise CheckpointError(
+        f"resume: {path} was written by a run with {manifest['world_size']} process(es) and this run has "
+        f"{world_size}. The batch order, the gradient average and the RNG states are per process, so it cannot "
+        f"continue exactly: resume with hardware.num_processes={manifest['world_size']}, or start a new run "
+        f"from its weights ({path / 'model.safetensors'}). (Sharded checkpoints, written with parallel=fsdp, "
+        "can be resumed on another number of processes.)"
+    )
 
 
 def _has_damaged(directory: Path) -> bool:

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GPU checks for a person with one (or more) CUDA GPUs: gpu, gpu_ids, bf16, fp16, fp8, auto and the default recipe.
+# GPU checks for a person with one (or more) CUDA GPUs: gpu, gpu_ids, bf16, fp16, fp8, auto, the default recipe,
+# and parallel=fsdp (bf16 policy; NCCL sharding and resharded resume with 2+ GPUs), torch.compile and runner plan.
 # Prints one PASS/FAIL line per check; the logs of failed checks are kept under $WORK (printed at the end).
 #   bash tests/gpu/check.sh            (from the repository root, in the venv where runner is installed)
 set -u
@@ -48,6 +49,18 @@ else
 fi
 if [[ $NGPU -ge 2 ]]; then
   check multi_gpu 0 "physical 1 -> rank 1 -> cuda:1" -- python -m runner $TINY hardware=multi_gpu "gpu_ids=[0,1]"
+fi
+# parallel=fsdp: one GPU runs it unsharded (its checkpoints are sharded all the same: layout dcp); 2+ GPUs shard
+# over NCCL, and the last sharded checkpoint continues on one GPU (resharding N -> 1).
+check fsdp_bf16_one_gpu 0 '"layout": "dcp"' -- bash -c "python -m runner $TINY hardware=gpu parallel=fsdp precision=bf16 \
+  checkpoint.every_n_steps=1 hydra.run.dir=fsdp1 && cat fsdp1/checkpoints/step_00000003/manifest.json"
+check plan_fsdp_bf16 0 "fits: yes, .* of .* per process" -- python -m runner plan hardware=multi_gpu parallel=fsdp precision=bf16
+check compile_inductor 0 "torch.compile: the model \(backend inductor\)" -- python -m runner $TINY hardware=gpu compile.enabled=true
+if [[ $NGPU -ge 2 ]]; then
+  check fsdp_bf16_nccl 0 "fsdp: [0-9]+ block\(s\) and the model sharded over $NGPU processes" -- python -m runner $TINY \
+    hardware=multi_gpu parallel=fsdp precision=bf16 checkpoint.every_n_steps=1 hydra.run.dir=fsdpN
+  check fsdp_reshard_to_one_gpu 0 "was written by $NGPU process\(es\) and this run has 1" -- python -m runner $TINY \
+    hardware=gpu parallel=fsdp precision=bf16 trainer.max_steps=5 resume=fsdpN/checkpoints/step_00000003 hydra.run.dir=fsdp_resumed
 fi
 check default_recipe 0 "final .*val/accuracy=(0\.9[5-9]|1\.0)" -- python -m runner hardware=gpu trainer.progress_bar=false
 check pytest_gpu 0 "passed" -- python -m pytest -q -m gpu "$ROOT/tests/gpu" -p no:cacheprovider --rootdir "$ROOT"

@@ -1,0 +1,98 @@
+"""runner.memory and `runner plan`: the figures from the meta device against the tensors a real model, its
+gradients and its optimizer hold (FSDP's shards on 2 processes: tests/test_parallel.py)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from runner.cli import load
+from runner.cli import main as cli_main
+from runner.config import ParallelConfig, ParallelKind, PrecisionKind
+from runner.memory import human, memory_plan
+from runner.models import GPT
+from runner.plan import describe_run, main
+
+
+def tiny_gpt() -> GPT:
+    return GPT(vocab_size=17, block_size=8, n_layer=3, n_head=2, n_embd=32, dropout=0.0)
+
+
+def plan_of(optimizer_class, parallel=ParallelConfig(), world_size: int = 1, precision=PrecisionKind.fp32, **options):
+    with torch.device("meta"):
+        model = tiny_gpt()
+    return memory_plan(model, optimizer_class(model.parameters(), **options), parallel, world_size, precision)
+
+
+def real_bytes(optimizer_class, **options) -> dict:
+    model = tiny_gpt()
+    optimizer = optimizer_class(model.parameters(), **options)
+    model(torch.randint(0, 17, (2, 8))).float().square().mean().backward()
+    optimizer.step()
+    size = lambda tensors: sum(tensor.numel() * tensor.element_size() for tensor in tensors)  # noqa: E731
+    return {"weights": size(model.parameters()), "gradients": size(p.grad for p in model.parameters()),
+            "optimizer": size(v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)),
+            "parameters": sum(p.numel() for p in model.parameters())}
+
+
+@pytest.mark.parametrize("optimizer_class, options", [
+    (torch.optim.AdamW, {"lr": 1e-3}),  # exp_avg, exp_avg_sq and a step scalar per parameter
+    (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}),  # a momentum buffer
+    (torch.optim.SGD, {"lr": 0.1}),  # no state at all
+])
+def test_one_process_figures_are_the_bytes_the_real_tensors_hold(optimizer_class, options):
+    plan, real = plan_of(optimizer_class, **options), real_bytes(optimizer_class, **options)
+    every_name = sum(p.numel() for _, p in tiny_gpt().named_parameters(remove_duplicate=False))
+    assert plan.parameters == real["parameters"] == every_name - 17 * 32  # the tied head and embedding once
+    assert (plan.weight_bytes, plan.gradient_bytes, plan.optimizer_bytes) == (
+        real["weights"], real["gradients"], real["optimizer"])
+    assert plan.bucket_bytes == plan.gathered_bytes == 0
+
+
+def test_ddp_adds_its_gradient_buckets_and_fsdp_holds_a_share_plus_what_it_gathers():
+    one = plan_of(torch.optim.AdamW, lr=1e-3)
+    ddp = plan_of(torch.optim.AdamW, ParallelConfig(), 2, lr=1e-3)
+    assert ddp.total_bytes == one.total_bytes + one.gradient_bytes  # the buckets: a copy of the gradients
+    viewed = plan_of(torch.optim.AdamW, ParallelConfig(gradient_as_bucket_view=True), 2, lr=1e-3)
+    assert viewed.total_bytes == one.total_bytes
+    fsdp = ParallelConfig(kind=ParallelKind.fsdp)
+    four = plan_of(torch.optim.AdamW, fsdp, 4, lr=1e-3)
+    # Every first dimension here but the embedding's 17 rows splits evenly in 4: it takes 5 rows per process.
+    assert four.weight_bytes == (one.weight_bytes + (5 * 4 - 17) * 32 * 4) // 4
+    blocks = 3 * sum(p.numel() for p in tiny_gpt().blocks[0].parameters())
+    own, block = one.parameters - blocks, blocks // 3
+    assert four.gathered_bytes == (own + 2 * block) * 4
+    assert plan_of(torch.optim.AdamW, fsdp, 4, PrecisionKind.bf16, lr=1e-3).gathered_bytes == (own + 2 * block) * 2
+
+
+def test_runner_plan_prints_the_figures_without_building_data(capsys):
+    spec = load(["hardware=multi_cpu", "hardware.num_processes=2", "parallel=fsdp", "precision=bf16",
+                 "trainer.batch_size=32", "trainer.micro_batch_size=8", "trainer.max_steps=50",
+                 "data.num_train=999999999"])  # a dataset that would take minutes to generate: never built
+    started = time.monotonic()
+    text = describe_run(spec)
+    assert time.monotonic() - started < 5
+    lines = text.splitlines()
+    assert lines[0] == "plan: parallel fsdp on 2 cpu process(es), precision bf16"
+    assert lines[1] == "model: 69,130 parameters (SeqTransformer)"  # conf/model/seq_transformer.yaml
+    # 69,130 fp32 parameters, every first dimension even: half each, AdamW twice that (+ 4-byte step scalars).
+    assert lines[2].startswith("per process: weights 135.0 KiB, gradients 135.0 KiB, optimizer state 270.2 KiB, "
+                               "gathered while computing 135.0 KiB = 675.2 KiB")
+    assert lines[3] == "batch: 32 global per optimizer step = 8 per device x 2 process(es) x 2 accumulation step(s)"
+    assert lines[4] == "steps: at most 50 optimizer steps (trainer.max_steps) within 3 epoch(s)"
+    assert lines[5].startswith("fits: yes, 675.2 KiB of ") and lines[5].endswith(" per process, before activations")
+
+    cli_main(["plan", "parallel=ddp", "hardware=multi_cpu", "hardware.num_processes=2",  # `runner plan ...`
+              "model.d_model=8192", "model.dim_feedforward=65536", "model.num_layers=8"])
+    printed = capsys.readouterr().out
+    assert "DDP gradient buckets" in printed
+    assert "fits: no: " in printed and "use parallel=fsdp, more processes, or a smaller model" in printed
+    assert main(["parallel=fsdp", "precision=fp16", "hardware=multi_cpu"]) == 1
+    assert "precision: is fp16, which parallel=fsdp does not support" in capsys.readouterr().err
+
+
+def test_human_sizes():
+    assert [human(size) for size in (512, 2048, 3 * 2**20, 5 * 2**40)] == ["512 B", "2.0 KiB", "3.0 MiB",
+                                                                          "5120.0 GiB"]
