@@ -53,18 +53,20 @@ def parameters_are_finite(model: torch.nn.Module) -> bool:
     return all(bool(torch.isfinite(parameter).all()) for parameter in model.parameters())
 
 
-def evaluate(accelerator, model, batches, task) -> dict[str, float]:
-    """The task's metrics over every batch, summed exactly across processes, as `val/<name>`."""
+def evaluate(accelerator, model, batches, task, limit: int | None = None) -> dict[str, float]:
+    """The task's metrics over every batch (the first `limit` when given), summed exactly across processes, as
+    `val/<name>`."""
     # The unwrapped module: DDP's forward may sync buffers with the peers, and evaluation shards are not padded,
     # so ranks can run different numbers of eval batches; a collective inside them would hang.
     model = accelerator.unwrap_model(model)
     model.eval()
     totals: dict[str, torch.Tensor] = {}
     # Under FSDP a forward is a collective: a rank with fewer rows repeats its last batch (results dropped).
-    extra = accelerator.forwards_to_match(len(batches))
+    count = len(batches) if limit is None else min(limit, len(batches))
+    extra = accelerator.forwards_to_match(count)
     batch = None
     with torch.no_grad(), accelerator.autocast():
-        for batch in batches:
+        for batch in batches if limit is None else itertools.islice(batches, limit):
             for name, value in task.evaluation_stats(model, batch).items():
                 totals[name] = totals[name] + value if name in totals else value
         for _ in range(extra):
@@ -241,8 +243,7 @@ class Loop:
     def evaluate_metrics(self) -> dict[str, float]:
         """The validation metrics of the model as it is now (at most trainer.limit_val_batches batches)."""
         limit = self.settings.limit_val_batches or self.settings.fast_dev_run
-        batches = self.val_batches if limit is None else itertools.islice(self.val_batches, limit)
-        return evaluate(self.accelerator, self.model, batches, self.task)
+        return evaluate(self.accelerator, self.model, self.val_batches, self.task, limit)
 
     def evaluate_and_log(self) -> dict[str, float]:
         metrics = self.evaluate_metrics()
