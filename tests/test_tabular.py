@@ -84,3 +84,19 @@ def test_the_tabular_recipe_learns_a_table_with_no_sizes_given_and_exports_its_s
     model.load_state_dict(weights)
     predicted = model(torch.tensor([[1000.0, 0.0, 7.0], [1400.0, 0.01, 7.0], [1800.0, 0.0, 7.0]])).argmax(-1)
     assert predicted.tolist() == [0, 1, 2]
+
+
+def test_benchmarks_tables_writes_iris_and_wine_as_a_user_would_have_them(tmp_path):
+    import importlib.util
+
+    from conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("tables", ROOT / "benchmarks" / "tables.py")
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    assert tables.write_tables(tmp_path) == {"iris": 150, "wine": 178}
+    wine = local_files(str(tmp_path / "wine.csv"), label_column="cultivar")
+    iris = local_files(str(tmp_path / "iris.csv"), label_column="species")
+    assert data_sizes(wine["train"]) == {"features": 13, "classes": 3}
+    assert iris["train"].features["label"].names == ["setosa", "versicolor", "virginica"]
+    assert len(wine["validation"]) == 36 and len(iris["validation"]) == 30  # the hold-outs the README's figures use
