@@ -89,17 +89,22 @@ def _multiple(value: int, of: int) -> int:
 
 def describe_run(spec) -> str:
     """What `spec` (runner.cli.load's RunSpec) would train, per process: the model built on the meta device (no
-    data is built), its weights, gradients and optimizer state for the parallel setting and precision
-    (runner/memory.py), the batch, the steps, and whether it fits the memory of the devices present."""
+    data is built, unless the model's sizes come from it), its weights, gradients and optimizer state for the
+    parallel setting and precision (runner/memory.py), the batch, the steps, and whether it fits the memory of the
+    devices present."""
     import torch
 
-    from runner.build import build_model, build_optimizer
+    from runner.build import build_data, build_model, build_optimizer
+    from runner.data.shapes import fill_from_data, sizes_wanted
     from runner.devices import memory_per_process
     from runner.memory import human, memory_plan
 
     config, hardware, batch = spec.config, spec.hardware, spec.batch
+    model_node = config.model
+    if sizes_wanted(model_node):  # sizes the data fills (a table's columns and classes): read its schema
+        model_node = fill_from_data(model_node, build_data(config.data)["train"], config.task)
     with torch.device("meta"):
-        model = build_model(config.model)
+        model = build_model(model_node)
     memory = memory_plan(model, build_optimizer(config.optimizer, model.parameters()), config.parallel,
                          hardware.world_size, config.precision.kind)
     parts = [f"weights {human(memory.weight_bytes)}", f"gradients {human(memory.gradient_bytes)}",

@@ -96,3 +96,12 @@ def test_runner_plan_prints_the_figures_without_building_data(capsys):
 def test_human_sizes():
     assert [human(size) for size in (512, 2048, 3 * 2**20, 5 * 2**40)] == ["512 B", "2.0 KiB", "3.0 MiB",
                                                                           "5120.0 GiB"]
+
+
+def test_runner_plan_reads_a_tables_schema_for_sizes_the_data_fills(tmp_path, monkeypatch):
+    (tmp_path / "t.csv").write_text("a,b,c,label\n" + "".join(f"{i},{i % 4},{i % 5},{['x', 'y'][i % 2]}\n"
+                                                           for i in range(20)))
+    monkeypatch.chdir(tmp_path)
+    text = describe_run(load(["recipe=tabular_csv", "data.train=t.csv"]))
+    # MLP 3 -> 64 -> 2 behind a Standardize layer: 3*64+64 + 64*2+2 = 386 parameters.
+    assert text.splitlines()[1] == "model: 386 parameters (MLP)"
