@@ -59,12 +59,18 @@ def plain_first_step(out: Path) -> bool:
     return (out / "first_step").is_file()
 
 
+_WORKER_PIDS: dict[Path, list[int]] = {}
+
+
 def runner_progress(out: Path) -> tuple[int, list[int]]:
-    """(logging windows done, worker PIDs) of a runner run."""
+    """(logging windows done, worker PIDs) of a runner run. The PIDs are read from the rank logs once: re-reading
+    growing logs every 10 ms took CPU from the runner's workers (the plain arm's pid files are a few bytes)."""
     metrics = out / "metrics.jsonl"
     windows = metrics.read_text().count("train/loss") if metrics.is_file() else 0
-    logs = [log.read_text() for log in out.glob("runner_rank*.log")]
-    return windows, [int(match) for text in logs for match in re.findall(r", pid (\d+),", text)]
+    if len(_WORKER_PIDS.get(out, ())) < 2:
+        logs = [log.read_text() for log in out.glob("runner_rank*.log")]
+        _WORKER_PIDS[out] = [int(match) for text in logs for match in re.findall(r", pid (\d+),", text)]
+    return windows, _WORKER_PIDS[out]
 
 
 def plain_progress(out: Path) -> tuple[int, list[int]]:

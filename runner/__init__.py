@@ -4,7 +4,9 @@ from runner.accelerator import Accelerator, set_seed
 from runner.config import (
     CheckpointConfig, HardwareConfig, LoggingConfig, ParallelConfig, PrecisionConfig, RunConfig, TrainerConfig,
 )
-from runner.options import DataLoaderConfiguration, DistributedType, GradientAccumulationPlugin, GradScalerKwargs
+from runner.options import (
+    DataLoaderConfiguration, DistributedType, GradientAccumulationPlugin, GradScalerKwargs, ProjectConfiguration,
+)
 from runner.parallel import DistributedDataParallelKwargs
 from runner.errors import CheckpointError, ConfigError, DataError, HardwareError, LaunchError, RunnerError
 
@@ -15,6 +17,7 @@ __all__ = [
     "DistributedType",
     "GradientAccumulationPlugin",
     "GradScalerKwargs",
+    "ProjectConfiguration",
     "set_seed",
     "RunConfig",
     "HardwareConfig",

@@ -40,7 +40,8 @@ from runner.accelerator_extras import AcceleratorExtras
 from runner.dataloader import PreparedDataLoader
 from runner.trackers import kinds as tracker_kinds
 from runner.options import (
-    DataLoaderConfiguration, DistributedType, accumulation_steps, distributed_type, make_scaler, split_handlers,
+    DataLoaderConfiguration, DistributedType, ProjectConfiguration, accumulation_steps, distributed_type, make_scaler,
+    split_handlers,
 )
 from runner.prepared import AcceleratedOptimizer, AcceleratedScheduler, DeviceBatches, SharedState, tree_map
 
@@ -67,6 +68,7 @@ class Accelerator(AcceleratorExtras):
         step_scheduler_with_optimizer: bool = True,
         project_dir: str | Path | None = None,
         log_with: str | list | None = None,
+        project_config: ProjectConfiguration | None = None,
     ):
         """`precision`/`mixed_precision`: fp32 (Accelerate's "no"), bf16, fp16, fp8. The device: `hardware` (what
         the runner resolved), else `device` ("cpu", "cuda", "xla" for a TPU through torch_xla), else this process's
@@ -74,7 +76,7 @@ class Accelerator(AcceleratorExtras):
         ParallelConfig with their settings (a DistributedDataParallelKwargs in `kwargs_handlers`: DDP's).
         `mixed_precision`, `gradient_accumulation_steps`, `cpu` and `kwargs_handlers` are Accelerate's names, as
         are `dataloader_config`, `gradient_accumulation_plugin`, `step_scheduler_with_optimizer`, `project_dir` and
-        `log_with` (runner/options.py, runner/trackers.py)."""
+        `log_with`, `project_config` (runner/options.py, runner/trackers.py)."""
         self.dist = dist or DistInfo.from_env()
         if hardware is None:
             hardware = for_device("cpu" if cpu else device) if (cpu or device is not None) else this_process()
@@ -98,7 +100,11 @@ class Accelerator(AcceleratorExtras):
         self.parallel = settings_of(parallel) if parallel is not None else ddp_settings or ParallelConfig()
         self.dataloader_config = dataloader_config or DataLoaderConfiguration()
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
-        self.project_dir = None if project_dir is None else Path(project_dir)
+        self.project_configuration = project_config or ProjectConfiguration()
+        if project_dir is not None and self.project_configuration.project_dir is None:
+            self.project_configuration.project_dir = str(project_dir)
+        configured = self.project_configuration.project_dir
+        self.project_dir = None if configured is None else Path(configured)
         self.log_with = tracker_kinds(log_with)
         self.trackers: list = []
         self._trigger = False

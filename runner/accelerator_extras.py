@@ -169,26 +169,44 @@ class AcceleratorExtras:
             tracker.finish()
         self.trackers = []
 
-    def save_state(self, directory: str | Path) -> Path:
-        """Save every prepared model, optimizer and scheduler, the scaler and each process's RNG state, in the
-        runner's checkpoint format (written whole or not at all, with a verified manifest; sharded under FSDP)."""
+    def save_state(self, output_dir: str | Path | None = None) -> Path:
+        """Save every prepared model, optimizer and scheduler, the scaler, the objects registered for checkpointing
+        and each process's RNG state, in the runner's checkpoint format (written whole or not at all, with a
+        verified manifest; sharded under FSDP). No directory: the next automatically named one under the
+        project_config's project_dir (runner/options.py: ProjectConfiguration)."""
         from runner.checkpoint import accelerator_state  # safetensors and DCP: only for a loop that saves
 
-        return accelerator_state.save(Path(directory), self._state_objects(), self.dist.world_size,
-                                      self.is_main_process)
+        project = self.project_configuration
+        automatic = output_dir is None
+        if automatic:
+            output_dir = accelerator_state.automatic_dir(project, "save_state")
+        saved = accelerator_state.save(Path(output_dir), self._state_objects(), self.dist.world_size,
+                                       self.is_main_process)
+        if automatic:
+            project.iteration += 1
+            if project.total_limit and self.is_main_process:
+                accelerator_state.keep_newest(saved.parent, project.total_limit)
+        return saved
 
-    def load_state(self, directory: str | Path) -> None:
+    def load_state(self, input_dir: str | Path | None = None) -> None:
         """Restore what save_state wrote into the objects prepared (in the same order) by this Accelerator. A
-        sharded state may be loaded on another number of processes."""
+        sharded state may be loaded on another number of processes. No directory: the newest automatically named
+        one under the project_config's project_dir."""
         from runner.checkpoint import accelerator_state
 
-        accelerator_state.load(Path(directory), self._state_objects(), self.dist.rank, self.dist.world_size)
+        automatic = input_dir is None
+        if automatic:
+            input_dir = accelerator_state.newest_dir(self.project_configuration)
+        accelerator_state.load(Path(input_dir), self._state_objects(), self.dist.rank, self.dist.world_size)
+        if automatic:  # the next save_state() continues the numbering, as Accelerate's does
+            self.project_configuration.iteration = accelerator_state.number_of(Path(input_dir)) + 1
 
     def _state_objects(self):
         from runner.checkpoint import accelerator_state
 
         return accelerator_state.Objects([self.unwrap_model(model) for model in self._models], self._optimizers,
-                                         self._schedulers, self.scaler, self.parallel.kind is ParallelKind.fsdp)
+                                         self._schedulers, self.scaler, self.parallel.kind is ParallelKind.fsdp,
+                                         list(self.custom_objects))
 
 
 def _run_if(function, condition):

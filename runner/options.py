@@ -67,6 +67,20 @@ class GradientAccumulationPlugin:
 
 
 @dataclass
+class ProjectConfiguration:
+    """Accelerate's: where `save_state()` writes when it is given no directory. With automatic_checkpoint_naming,
+    save_state() writes <project_dir>/checkpoints/checkpoint_<iteration> and counts up, load_state() reads the
+    newest, and total_limit keeps only the newest N (the older ones are removed after the new one is sealed, so
+    there are never fewer than N intact)."""
+
+    project_dir: str | None = None
+    logging_dir: str | None = None
+    automatic_checkpoint_naming: bool = False
+    total_limit: int | None = None
+    iteration: int = 0
+
+
+@dataclass
 class GradScalerKwargs:
     """torch.amp.GradScaler's settings under fp16."""
 

@@ -435,3 +435,43 @@ def test_two_process_no_sync_unwrap_pickle_and_skip(two_processes):
         assert result["unwrapped"]
         assert result["copied"] == result["original"] and sorted(sum(result["copied"], [])) == list(range(12))
     assert zero["skipped"] == [[4, 5], [8, 9]] and one["skipped"] == [[6, 7], [10, 11]]
+
+
+def test_save_state_names_its_directories_keeps_total_limit_and_registered_objects(tmp_path):
+    from runner import ProjectConfiguration
+
+    class Counter:
+        def __init__(self):
+            self.value = 0
+
+        def state_dict(self):
+            return {"value": self.value}
+
+        def load_state_dict(self, state):
+            self.value = state["value"]
+
+    with pytest.raises(ConfigError, match=r"save_state\(output_dir\): no directory given; pass one, or create the "
+                                          r"Accelerator with project_config=ProjectConfiguration"):
+        Accelerator(cpu=True).save_state()
+    project = ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=2)
+    accelerator = Accelerator(cpu=True, project_config=project)
+    model = accelerator.prepare(torch.nn.Linear(2, 1))
+    counter = Counter()
+    accelerator.register_for_checkpointing(counter)
+    for value in (1, 2, 3):
+        counter.value = value
+        with torch.no_grad():
+            model.weight.fill_(value)
+        accelerator.save_state()
+    kept = sorted(path.name for path in (tmp_path / "checkpoints").iterdir())
+    assert kept == ["checkpoint_1", "checkpoint_2"] and project.iteration == 3  # the oldest went after the third
+
+    again = Accelerator(cpu=True, project_config=ProjectConfiguration(project_dir=str(tmp_path),
+                                                                      automatic_checkpoint_naming=True))
+    fresh, restored = again.prepare(torch.nn.Linear(2, 1)), Counter()
+    again.register_for_checkpointing(restored)
+    again.load_state()  # the newest
+    assert restored.value == 3 and fresh.weight.eq(3).all()
+    assert again.project_configuration.iteration == 3  # the next save is checkpoint_3
+    with pytest.raises(ConfigError, match="ProjectConfiguration.total_limit: is 0"):
+        Accelerator(cpu=True, project_config=ProjectConfiguration(str(tmp_path), None, True, 0)).save_state()

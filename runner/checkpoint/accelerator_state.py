@@ -14,7 +14,9 @@ Under FSDP (the `dcp` layout) each process writes its shards of every model and 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import re
+import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -44,6 +46,8 @@ class Objects:
     scaler: torch.amp.GradScaler | None
     sharded: bool
     """parallel=fsdp: the state is saved in shards (from one process too, so that several can load it)."""
+    custom: list = field(default_factory=list)
+    """register_for_checkpointing's objects: their state_dict() goes into state.pt."""
 
 
 def save(directory: Path, objects: Objects, world_size: int, is_main: bool) -> Path:
@@ -53,7 +57,8 @@ def save(directory: Path, objects: Objects, world_size: int, is_main: bool) -> P
     _refuse_foreign(directory)  # on every process (one file system), so none is left waiting for the others
     per_rank = all_gather_object({"rng": capture_rng()})
     state = {"schedulers": [scheduler.state_dict() for scheduler in objects.schedulers],
-             "scaler": objects.scaler.state_dict() if objects.scaler is not None else None, "per_rank": per_rank}
+             "scaler": objects.scaler.state_dict() if objects.scaler is not None else None, "per_rank": per_rank,
+             "custom": [held.state_dict() for held in objects.custom]}
     layout = Layout.dcp if objects.sharded else Layout.safetensors
     if layout is Layout.dcp:
         sharded.write(parent, name, _tensors(objects, sharded.model_state, sharded.optimizer_state), is_main,
@@ -104,11 +109,61 @@ def load(directory: Path, objects: Objects, rank: int, world_size: int) -> None:
         scheduler.load_state_dict(saved)
     if objects.scaler is not None and state["scaler"] is not None:
         objects.scaler.load_state_dict(state["scaler"])
+    custom = state.get("custom", [])
+    if len(custom) != len(objects.custom):
+        raise CheckpointError(f"load_state: {directory} holds {len(custom)} object(s) registered for checkpointing, "
+                              f"but {len(objects.custom)} are registered now; register the same objects")
+    for held, saved in zip(objects.custom, custom):
+        held.load_state_dict(saved)
     per_rank = state["per_rank"]
     if len(per_rank) != world_size and rank == 0:
         log.warning("load_state: %s was saved by %d process(es), this run has %d; each takes the RNG state of rank "
                     "(its rank mod %d)", directory, len(per_rank), world_size, len(per_rank))
     restore_rng(per_rank[rank % len(per_rank)]["rng"])
+
+
+AUTOMATIC = re.compile(r"checkpoint_(\d+)$")
+
+
+def automatic_dir(project, caller: str) -> Path:
+    """<project_dir>/checkpoints/checkpoint_<iteration>: where save_state() writes when given no directory."""
+    from runner.errors import ConfigError, Problem
+
+    if project.total_limit is not None and project.total_limit < 1:
+        raise ConfigError(Problem("ProjectConfiguration.total_limit", f"is {project.total_limit}; keep 1 or more "
+                                                                       "states, or None for all"))
+    if not project.automatic_checkpoint_naming or project.project_dir is None:
+        raise ConfigError(Problem(f"{caller}(output_dir)", (
+            "no directory given; pass one, or create the Accelerator with project_config=ProjectConfiguration("
+            "project_dir=..., automatic_checkpoint_naming=True)")))
+    return Path(project.project_dir) / "checkpoints" / f"checkpoint_{project.iteration}"
+
+
+def number_of(directory: Path) -> int:
+    return int(AUTOMATIC.search(directory.name).group(1))
+
+
+def _numbered(folder: Path) -> list[tuple[int, Path]]:
+    found = [(int(match.group(1)), path) for path in folder.glob("checkpoint_*")
+             if (match := AUTOMATIC.search(path.name)) and path.is_dir()]
+    return sorted(found)
+
+
+def newest_dir(project) -> Path:
+    """The newest intact automatically named state under the project dir (load_state() with no directory)."""
+    folder = automatic_dir(project, "load_state").parent
+    intact = [path for _, path in _numbered(folder) if files.damage(path) is None]
+    if not intact:
+        raise CheckpointError(f"load_state: no intact checkpoint_<n> under {folder}; save one with save_state() or "
+                              "give the directory to load")
+    return intact[-1]
+
+
+def keep_newest(folder: Path, limit: int) -> None:
+    """ProjectConfiguration.total_limit: remove all but the newest `limit` automatically named states."""
+    for _, path in _numbered(folder)[:-limit]:
+        shutil.rmtree(path, ignore_errors=True)
+        log.info("save_state: removed %s (total_limit=%d)", path, limit)
 
 
 def _tensors(objects: Objects, of_model, of_optimizer) -> dict:
