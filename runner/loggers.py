@@ -193,16 +193,11 @@ class CsvSink(_FileSink):
         pass  # every write above opens and closes its file
 
 
-class LogSink:
-    """Each logged step as one line of the run's log (what a debug run, trainer.fast_dev_run, logs to)."""
-
-    def __init__(self, run_dir: Path | None = None, start_step: int = 0, run: RunInfo = RunInfo()):
-        import logging
-
-        self._log = logging.getLogger("runner.metrics")
+class NullLogger:
+    """What processes other than the main one log to: nothing."""
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        self._log.info("step %d: %s", step, ", ".join(f"{name}={value:.4g}" for name, value in metrics.items()))
+        pass
 
     def log_config(self, config: dict[str, Any]) -> None:
         pass
@@ -212,6 +207,18 @@ class LogSink:
 
     def close(self) -> None:
         pass
+
+
+class LogSink(NullLogger):
+    """Each logged step as one line of the run's log (what a debug run, trainer.fast_dev_run, logs to)."""
+
+    def __init__(self, run_dir: Path | None = None, start_step: int = 0, run: RunInfo = RunInfo()):
+        import logging
+
+        self._log = logging.getLogger("runner.metrics")
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self._log.info("step %d: %s", step, ", ".join(f"{name}={value:.4g}" for name, value in metrics.items()))
 
 
 # The optional sinks and the package (and runner extra) each needs, checked in the parent before any worker starts.
@@ -332,22 +339,6 @@ class Loggers:
                 first = first or err
         if first is not None:
             raise first
-
-
-class NullLogger:
-    """What processes other than the main one log to: nothing."""
-
-    def log(self, step: int, metrics: dict[str, float]) -> None:
-        pass
-
-    def log_config(self, config: dict[str, Any]) -> None:
-        pass
-
-    def log_final(self, config: dict[str, Any], final_metrics: dict[str, float]) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 def make_logger(run_dir: Path, is_main: bool, sinks: dict[str, Any], jsonl: bool = True, start_step: int = 0,
