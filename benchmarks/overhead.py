@@ -45,7 +45,7 @@ PINNED_MALLOC = {
     "MALLOC_MMAP_THRESHOLD_": str(32 << 20),  # tensors up to 32 MiB (glibc's maximum) come from the heap, not mmap
 }
 THREADS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-SECTIONS = ("mlp", "tiny", "malloc", "data", "startup")
+SECTIONS = ("mlp", "tiny", "malloc", "data", "startup", "accelerate")
 
 
 @dataclass(frozen=True)
@@ -193,6 +193,38 @@ def runner_fit(workload: Workload, steps: int, splits, run_dir: Path) -> dict[st
     return elapsed
 
 
+def accelerate_fit(workload: Workload, steps: int, data) -> dict[str, float]:
+    """plain_fit's loop on HuggingFace Accelerate's Accelerator (prepare, backward), as its README writes one: what
+    a user would pick instead of the runner, on the same data and steps (the optional `bench` extra)."""
+    import torch
+    import torch.nn.functional as F
+    from accelerate import Accelerator
+
+    (features, labels), (val_features, val_labels) = data
+    accelerator = Accelerator(cpu=True)
+    model = make_model(workload)
+    model, optimizer = accelerator.prepare(model, make_optimizer(model))
+    clock = Clock()
+    step = 0
+    while step < steps:
+        order = torch.randperm(len(features))
+        for first in range(0, len(features) - workload.batch_size + 1, workload.batch_size):
+            rows = order[first : first + workload.batch_size]
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(features[rows]), labels[rows])
+            accelerator.backward(loss)
+            optimizer.step()
+            step += 1
+            if step == steps:
+                break
+    model.eval()
+    with torch.no_grad():
+        accuracy = (model(val_features).argmax(-1) == val_labels).float().mean().item()
+    model.train()
+    assert 0 <= accuracy <= 1
+    return clock.read()
+
+
 def serve_arm(loop: str, workload: Workload, steps: int, warmup: int) -> None:
     """One arm in this fresh process: warm up, say "ready", then time a run (fresh model) for each "run" line."""
     import torch
@@ -202,6 +234,8 @@ def serve_arm(loop: str, workload: Workload, steps: int, warmup: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         if loop == "plain":
             fit = lambda count, name: plain_fit(workload, count, data)  # noqa: E731
+        elif loop == "accelerate":
+            fit = lambda count, name: accelerate_fit(workload, count, data)  # noqa: E731
         else:
             splits = to_splits(data)
             fit = lambda count, name: runner_fit(workload, count, splits, Path(tmp) / name)  # noqa: E731
@@ -298,6 +332,24 @@ def compare_loops(workload: Workload, pairs: int, steps: int, warmup: int, round
         "overhead_ms": spread([(r["wall"] - p["wall"]) * 1e3 for p, r in zip(plain, runner)]),
         "cpu_ratio": spread([p["cpu"] / r["cpu"] for p, r in zip(plain, runner)]),
         "cpu_overhead_ms": spread([(r["cpu"] - p["cpu"]) * 1e3 for p, r in zip(plain, runner)]),
+    }
+
+
+def compare_accelerate(workload: Workload, pairs: int, steps: int, warmup: int, rounds: int = 10) -> dict | None:
+    """HuggingFace Accelerate vs the same plain loop, A B A B (None when accelerate is not installed): read next
+    to the runner's row of the same workload, each against its own plain arm."""
+    import importlib.util
+
+    if importlib.util.find_spec("accelerate") is None:
+        return None
+    arms = ("accelerate", PINNED_MALLOC), ("plain", PINNED_MALLOC)
+    accelerate, plain = alternate(*arms, workload, pairs, steps, warmup, rounds)
+    return {
+        "workload": workload.describe(),
+        "steps": steps,
+        "ratio": spread([p["wall"] / a["wall"] for p, a in zip(plain, accelerate)]),
+        "cpu_ratio": spread([p["cpu"] / a["cpu"] for p, a in zip(plain, accelerate)]),
+        "overhead_ms": spread([(a["wall"] - p["wall"]) * 1e3 for p, a in zip(plain, accelerate)]),
     }
 
 
@@ -588,6 +640,17 @@ def report(results: dict, pairs: int) -> str:
                    f"{to_worker:>46}")
         out.append(f"  {'plain script on runner.Accelerator':42} {row['accelerator_s']['median']:14.2f} "
                    f"{'':15} {'x plain: ' + _range(row['accelerator_ratio'], '.3f'):>28}")
+    if "accelerate" in results:
+        out.append(f"{'HuggingFace Accelerate vs the same plain loop':44} {'':14} {'':15} "
+                   f"{'accelerate/plain steps/s':>28} {'added ms/step':>30}")
+        for name, row in results["accelerate"].items():
+            if row is None:
+                out.append(f"  {name:5} not measured: accelerate is not installed (pip install -e '.[bench]')")
+                continue
+            out.append(f"  {name:5} {row['workload'] + ', ' + str(row['steps']) + ' steps':37} {'':14} {'':15} "
+                       f"{_range(row['ratio'], '.3f'):>28} {_range(row['overhead_ms'], '+.3f'):>30}")
+            out.append(f"  {'':5} {'the same, CPU time':37} {'':14} {'':15} {_range(row['cpu_ratio'], '.3f'):>28}")
+        out.append("  Lightning Fabric: not measured (not installed here)")
     return "\n".join(out + verdicts(results))
 
 
@@ -608,6 +671,11 @@ def run_benchmark(sections, pairs: int, steps_scale: float, startup_pairs: int, 
         results["data"] = data_path(pairs, epochs=max(1, int(4 * steps_scale)))
     if "startup" in sections:
         results["startup"] = startup(startup_pairs)
+    if "accelerate" in sections:
+        results["accelerate"] = {
+            name: compare_accelerate(WORKLOADS[name], pairs, *budget(WORKLOADS[name]), rounds)
+            for name in ("mlp", "tiny")
+        }
     return results
 
 
@@ -622,7 +690,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
     parser.add_argument("--json", type=Path, help="also write the raw figures to this file")
     # Internal: how Arm starts one arm in a fresh process.
-    parser.add_argument("--arm", choices=("runner", "plain"), help=argparse.SUPPRESS)
+    parser.add_argument("--arm", choices=("runner", "plain", "accelerate"), help=argparse.SUPPRESS)
     parser.add_argument("--workload", choices=tuple(WORKLOADS), help=argparse.SUPPRESS)
     parser.add_argument("--steps", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--warmup", type=int, help=argparse.SUPPRESS)

@@ -31,6 +31,8 @@ from typing import Any, Iterator
 
 import torch
 
+from runner.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 
@@ -196,6 +198,11 @@ class EMA(Callback):
         return [parameter for parameter in loop.accelerator.unwrap_model(loop.model).parameters()]
 
     def on_fit_start(self, loop) -> None:
+        if getattr(loop.accelerator, "shards_parameters", False):
+            # Each rank would average only its own shard, and the loop state that carries the average is written
+            # by rank 0 alone: a resumed run would hand rank 0's shard to every rank.
+            raise ConfigError("callbacks.ema", "is not supported with parallel=fsdp on several processes (each "
+                                               "holds a shard of the weights); use parallel=ddp, or drop ema")
         if self.shadow is None:  # a resumed run has them from the checkpoint
             self.shadow = [parameter.detach().clone() for parameter in self._parameters(loop)]
         else:

@@ -20,6 +20,12 @@ def overfit_splits(splits, trainer: TrainerConfig, batch: BatchPlan):
     caller turns shuffling off), so the loss must go to about zero."""
     if trainer.overfit_batches is None:
         return splits
+    if not hasattr(splits["train"], "select"):
+        from runner.errors import ConfigError
+
+        raise ConfigError("trainer.overfit_batches", (
+            f"works on row datasets (tables, images, generated sequences); this data ({type(splits['train']).__name__}: "
+            "a token stream or padded texts) has no rows to pick; use trainer.limit_train_batches instead"))
     rows = min(len(splits["train"]), trainer.overfit_batches * batch.per_device * batch.processes)
     train = splits["train"].select(range(rows))
     log.info("overfit_batches=%d: training and evaluating on the first %d training samples", trainer.overfit_batches,

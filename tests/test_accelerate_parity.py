@@ -17,7 +17,7 @@ from runner import (
     Accelerator, DataLoaderConfiguration, DistributedType, GradientAccumulationPlugin, GradScalerKwargs,
 )
 from runner.dist import DistInfo
-from runner.errors import ConfigError, LaunchError
+from runner.errors import CheckpointError, ConfigError, LaunchError
 from runner.prepared import AcceleratedScheduler
 from runner.sharding import BatchShard, IterableShard
 
@@ -473,5 +473,21 @@ def test_save_state_names_its_directories_keeps_total_limit_and_registered_objec
     again.load_state()  # the newest
     assert restored.value == 3 and fresh.weight.eq(3).all()
     assert again.project_configuration.iteration == 3  # the next save is checkpoint_3
+    # A third Accelerator starting its numbering at 0 would replace (or, with total_limit, prune) those states.
+    third = Accelerator(cpu=True, project_config=ProjectConfiguration(project_dir=str(tmp_path),
+                                                                      automatic_checkpoint_naming=True, total_limit=2))
+    third.prepare(torch.nn.Linear(2, 1))
+    with pytest.raises(CheckpointError, match=r"already holds checkpoint_2, so checkpoint_0 would replace or predate"):
+        third.save_state()
+    assert sorted(path.name for path in (tmp_path / "checkpoints").iterdir()) == ["checkpoint_1", "checkpoint_2"]
+
+    class Unsafe(Counter):
+        def state_dict(self):
+            return {"value": __import__("numpy").arange(3)}
+
+    again.register_for_checkpointing(Unsafe())
+    with pytest.raises(CheckpointError, match=r"state_dict\(\) of registered Unsafe holds something load_state "
+                                              r"cannot read back safely"):
+        again.save_state(tmp_path / "elsewhere")
     with pytest.raises(ConfigError, match="ProjectConfiguration.total_limit: is 0"):
         Accelerator(cpu=True, project_config=ProjectConfiguration(str(tmp_path), None, True, 0)).save_state()

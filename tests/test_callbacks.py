@@ -170,3 +170,14 @@ def test_callback_state_travels_with_the_loop_state_so_a_resumed_run_continues_i
     assert stopping.state_dict() == loop.callbacks.named["early_stopping"].state_dict()
     assert stopping.best_step in (2, 4) and ema.updates == 4
     assert all(torch.equal(a, b) for a, b in zip(ema.shadow, loop.callbacks.named["ema"].shadow))
+
+
+def test_ema_under_fsdp_on_several_processes_is_refused_naming_the_callback():
+    from types import SimpleNamespace
+
+    from runner.callbacks import EMA
+    from runner.errors import ConfigError
+
+    loop = SimpleNamespace(accelerator=SimpleNamespace(shards_parameters=True))
+    with pytest.raises(ConfigError, match=r"callbacks.ema: is not supported with parallel=fsdp on several processes"):
+        EMA().on_fit_start(loop)

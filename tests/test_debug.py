@@ -81,3 +81,14 @@ def test_deterministic_turns_on_torch_deterministic_algorithms(monkeypatch):
         torch.use_deterministic_algorithms(False)
     apply_determinism(False)
     assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_overfit_batches_on_data_without_rows_is_refused_naming_the_key():
+    from runner.data.tokens import TokenStream
+    from runner.errors import ConfigError
+
+    stream = TokenStream.__new__(TokenStream)  # a gpt recipe's split: a token stream, not rows
+    plan = BatchPlan(per_device=8, accumulation=1, processes=1)
+    with pytest.raises(ConfigError, match=r"trainer.overfit_batches: works on row datasets .*TokenStream: a token "
+                                          r"stream or padded texts\) has no rows to pick; use trainer.limit_train_batches"):
+        overfit_splits({"train": stream, "validation": stream}, TrainerConfig(overfit_batches=2), plan)

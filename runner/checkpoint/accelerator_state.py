@@ -58,7 +58,7 @@ def save(directory: Path, objects: Objects, world_size: int, is_main: bool) -> P
     per_rank = all_gather_object({"rng": capture_rng()})
     state = {"schedulers": [scheduler.state_dict() for scheduler in objects.schedulers],
              "scaler": objects.scaler.state_dict() if objects.scaler is not None else None, "per_rank": per_rank,
-             "custom": [held.state_dict() for held in objects.custom]}
+             "custom": [_loadable(held) for held in objects.custom]}
     layout = Layout.dcp if objects.sharded else Layout.safetensors
     if layout is Layout.dcp:
         sharded.write(parent, name, _tensors(objects, sharded.model_state, sharded.optimizer_state), is_main,
@@ -122,6 +122,25 @@ def load(directory: Path, objects: Objects, rank: int, world_size: int) -> None:
     restore_rng(per_rank[rank % len(per_rank)]["rng"])
 
 
+def _loadable(held) -> dict:
+    """A registered object's state_dict(), checked to load back with weights_only=True (what load_state uses, so a
+    checkpoint never runs code): tensors, numbers, strings and containers of them."""
+    import io
+
+    state = held.state_dict()
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    try:
+        torch.load(buffer, weights_only=True)
+    except Exception as err:  # pickle's own errors name the type it refused
+        raise CheckpointError(f"save_state: the state_dict() of registered {type(held).__name__} holds something "
+                              f"load_state cannot read back safely ({str(err).strip().splitlines()[-1][:200]}); keep "
+                              "it to tensors, numbers, strings, lists and dicts (e.g. torch.as_tensor a numpy "
+                              "array)") from None
+    return state
+
+
 AUTOMATIC = re.compile(r"checkpoint_(\d+)$")
 
 
@@ -136,7 +155,15 @@ def automatic_dir(project, caller: str) -> Path:
         raise ConfigError(Problem(f"{caller}(output_dir)", (
             "no directory given; pass one, or create the Accelerator with project_config=ProjectConfiguration("
             "project_dir=..., automatic_checkpoint_naming=True)")))
-    return Path(project.project_dir) / "checkpoints" / f"checkpoint_{project.iteration}"
+    directory = Path(project.project_dir) / "checkpoints" / f"checkpoint_{project.iteration}"
+    existing = _numbered(directory.parent) if caller == "save_state" else []
+    if existing and existing[-1][0] >= project.iteration:
+        # Never replace a state another run saved there, nor write one older than it (total_limit would prune the
+        # new one first). Accelerate refuses an existing directory the same way.
+        raise CheckpointError(f"save_state: {directory.parent} already holds {existing[-1][1].name}, so "
+                              f"checkpoint_{project.iteration} would replace or predate it; continue that run's "
+                              "numbering with load_state() first, or set ProjectConfiguration(iteration=N) above it")
+    return directory
 
 
 def number_of(directory: Path) -> int:

@@ -63,7 +63,7 @@ if [[ $NGPU -ge 2 ]]; then
     hardware=gpu parallel=fsdp precision=bf16 trainer.max_steps=5 resume=fsdpN/checkpoints/step_00000003 hydra.run.dir=fsdp_resumed
 fi
 check default_recipe 0 "final .*val/accuracy=(0\.9[5-9]|1\.0)" -- python -m runner hardware=gpu trainer.progress_bar=false
-check pytest_gpu 0 "passed" -- python -m pytest -q -m gpu "$ROOT/tests/gpu" -p no:cacheprovider --rootdir "$ROOT"
+check pytest_gpu 0 "passed" -- python -m pytest -q -m gpu "$ROOT/tests/gpu" -p no:cacheprovider -o addopts="" --rootdir "$ROOT"
 
 echo "$FAILED check(s) failed; logs in $WORK"
 exit $((FAILED > 0))
