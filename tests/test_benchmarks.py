@@ -127,3 +127,15 @@ def test_the_runner_arm_reads_the_device_per_log_not_per_step(tmp_path, monkeypa
     first_training_read = reads.index(("item", "log_train"))
     assert {name for _, name in reads[:first_training_read]} == {"check_fit"}  # before the first step only
     assert {name for _, name in reads[first_training_read + 2:]} <= {"summarize", "macro_f1"}
+
+
+def test_the_accelerate_arm_trains_the_same_loop_and_reports_its_ratio():
+    row = overhead.compare_accelerate(TINY, pairs=1, steps=4, warmup=2, rounds=2)
+    assert row is not None, "accelerate is in the test extra"
+    assert row["workload"] == "Linear 32-10, batch 64" and row["steps"] == 4
+    for key in ("ratio", "cpu_ratio", "overhead_ms"):
+        assert_spread(row[key])
+    assert row["ratio"]["median"] > 0
+    text = overhead.report({"accelerate": {"tiny": row, "mlp": None}}, pairs=1)
+    assert "HuggingFace Accelerate vs the same plain loop" in text
+    assert "mlp   not measured: accelerate is not installed" in text
