@@ -27,7 +27,8 @@ def write_tables(root: Path) -> dict[str, int]:
         bunch = loader()
         with open(root / f"{name}.csv", "w", newline="") as handle:
             writer = csv.writer(handle)
-            writer.writerow([column.replace(" (cm)", "").replace(" ", "_").replace("/", "_") for column in bunch.feature_names] + [label])
+            columns = [name.replace(" (cm)", "").replace(" ", "_").replace("/", "_") for name in bunch.feature_names]
+            writer.writerow(columns + [label])
             for row, target in zip(bunch.data, bunch.target):
                 writer.writerow([f"{value:g}" for value in row] + [bunch.target_names[target] if names else int(target)])
         written[name] = len(bunch.data)

@@ -22,6 +22,8 @@ SIZE_KEYS = {"in_features": "features", "out_features": "classes", "num_classes"
 
 def sizes_wanted(model_node: dict[str, Any]) -> list[str]:
     """The model's size keys left null for the data to fill."""
+    if not isinstance(model_node, dict):
+        return []
     return [key for key in SIZE_KEYS if key in model_node and model_node[key] is None]
 
 
@@ -41,10 +43,10 @@ def fill_from_data(model_node: dict[str, Any], train, task_node: dict[str, Any] 
             role = "task.input_key" if what == "features" else "task.target_key"
             raise ConfigError(role, f"'{column}' is not a column of the data; it holds {', '.join(columns)}")
         if what not in known:
-            raise ConfigError(f"model.{key}", (
-                f"is null, so the data should say it, but the training split's '{column}' column "
-                f"{'is not a fixed-length list of numbers' if what == 'features' else 'has no class names (not a ClassLabel)'}; "
-                f"set model.{key} to a number"))
+            lacks = ("is not a fixed-length list of numbers" if what == "features"
+                     else "has no class names (not a ClassLabel)")
+            raise ConfigError(f"model.{key}", f"is null, so the data should say it, but the training split's "
+                                              f"'{column}' column {lacks}; set model.{key} to a number")
         filled[key] = known[what]
     return filled
 
@@ -57,9 +59,9 @@ def data_sizes(train, input_key: str = "features", target_key: str = "label") ->
     if not isinstance(schema, datasets.Features):
         return {}
     sizes = {}
-    column = schema.get(input_key)
-    if getattr(column, "length", -1) and getattr(column, "length", -1) > 0:
-        sizes["features"] = column.length
+    length = getattr(schema.get(input_key), "length", None) or 0  # -1: a list of any length
+    if length > 0:
+        sizes["features"] = length
     if isinstance(schema.get(target_key), datasets.ClassLabel):
         sizes["classes"] = schema[target_key].num_classes
     return sizes
