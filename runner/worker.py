@@ -159,6 +159,14 @@ def _restore(resume_from: str, parts: Parts, accelerator: Accelerator, config: R
     return restored
 
 
+def _interrupt_once(signum, frame) -> None:
+    """Ctrl-C reaches a worker twice: from the terminal (the whole process group) and then from the launcher
+    ending its workers. The second must not land in the first one's exit path, where multiprocessing would print
+    it as a traceback (seen in tests/test_faults.py's Ctrl-C test): one KeyboardInterrupt, then SIGINT is ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
 def run_spawned(spec: RunSpec) -> dict[str, float]:
     """Entry point for a process the elastic launcher started: its own log file, no orphan if the launcher dies,
     and a failure re-raised as one readable report (rank, step, end of the traceback) for the parent to print."""
@@ -166,6 +174,7 @@ def run_spawned(spec: RunSpec) -> dict[str, float]:
     exit_with_parent()
     no_stray_tracebacks()
     _log_to_rank_file(Path(spec.run_dir) / f"runner_rank{dist.rank}.log", console=dist.rank == 0)
+    signal.signal(signal.SIGINT, _interrupt_once)
     try:
         return run(spec)
     except Preempted as stop:
