@@ -183,8 +183,9 @@ def destroy_process_group() -> None:
 
 
 def keep_process_group_until_exit() -> None:
-    """Under torchrun every multirun job of a rank shares one group: re-creating it on the agent's store hangs
-    (NOTES-technical.md section 2), so it is destroyed once, when the process exits."""
+    """Under torchrun every multirun job of a rank shares one group: re-creating it on the agent's store hangs (the
+    store keeps the first group's keys, so a second init_process_group waits forever for ranks that already
+    joined), so it is destroyed once, when the process exits."""
     atexit.register(destroy_process_group)
 
 

@@ -47,8 +47,8 @@ class TensorBoardTracker:
         if config:
             from runner.metrics import flatten_hparams
 
-            # run_name=".": the hparams in this run's own directory, not a new timestamped one
-            # (NOTES-technical.md section 7).
+            # run_name=".": the hparams in this run's own directory; add_hparams' default makes a new
+            # timestamped subdirectory, which TensorBoard then lists as a separate run.
             self.writer.add_hparams(flatten_hparams(config), {}, run_name=".")
 
     @property
