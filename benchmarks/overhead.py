@@ -115,14 +115,18 @@ def make_optimizer(model):
     return torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)  # as conf/optimizer/adamw.yaml
 
 
-def plain_fit(workload: Workload, steps: int, data) -> dict[str, float]:
-    """Seconds for `steps` optimizer steps and a final evaluation, written the way a tutorial would."""
+def plain_fit(workload: Workload, steps: int, data, accelerator=None) -> dict[str, float]:
+    """Seconds for `steps` optimizer steps and a final evaluation, written the way a tutorial would. With an
+    `accelerator` (HuggingFace Accelerate's): the same loop as its README writes one, prepare() and backward()."""
     import torch
     import torch.nn.functional as F
 
     (features, labels), (val_features, val_labels) = data
     model = make_model(workload)
     optimizer = make_optimizer(model)
+    if accelerator is not None:
+        model, optimizer = accelerator.prepare(model, optimizer)
+    backward = (lambda loss: loss.backward()) if accelerator is None else accelerator.backward
     clock = Clock()
     step = 0
     while step < steps:
@@ -131,7 +135,7 @@ def plain_fit(workload: Workload, steps: int, data) -> dict[str, float]:
             rows = order[first : first + workload.batch_size]
             optimizer.zero_grad()
             loss = F.cross_entropy(model(features[rows]), labels[rows])
-            loss.backward()
+            backward(loss)
             optimizer.step()
             step += 1
             if step == steps:
@@ -193,38 +197,6 @@ def runner_fit(workload: Workload, steps: int, splits, run_dir: Path) -> dict[st
     return elapsed
 
 
-def accelerate_fit(workload: Workload, steps: int, data) -> dict[str, float]:
-    """plain_fit's loop on HuggingFace Accelerate's Accelerator (prepare, backward), as its README writes one: what
-    a user would pick instead of the runner, on the same data and steps (the optional `bench` extra)."""
-    import torch
-    import torch.nn.functional as F
-    from accelerate import Accelerator
-
-    (features, labels), (val_features, val_labels) = data
-    accelerator = Accelerator(cpu=True)
-    model = make_model(workload)
-    model, optimizer = accelerator.prepare(model, make_optimizer(model))
-    clock = Clock()
-    step = 0
-    while step < steps:
-        order = torch.randperm(len(features))
-        for first in range(0, len(features) - workload.batch_size + 1, workload.batch_size):
-            rows = order[first : first + workload.batch_size]
-            optimizer.zero_grad()
-            loss = F.cross_entropy(model(features[rows]), labels[rows])
-            accelerator.backward(loss)
-            optimizer.step()
-            step += 1
-            if step == steps:
-                break
-    model.eval()
-    with torch.no_grad():
-        accuracy = (model(val_features).argmax(-1) == val_labels).float().mean().item()
-    model.train()
-    assert 0 <= accuracy <= 1
-    return clock.read()
-
-
 def serve_arm(loop: str, workload: Workload, steps: int, warmup: int) -> None:
     """One arm in this fresh process: warm up, say "ready", then time a run (fresh model) for each "run" line."""
     import torch
@@ -234,8 +206,11 @@ def serve_arm(loop: str, workload: Workload, steps: int, warmup: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         if loop == "plain":
             fit = lambda count, name: plain_fit(workload, count, data)  # noqa: E731
-        elif loop == "accelerate":
-            fit = lambda count, name: accelerate_fit(workload, count, data)  # noqa: E731
+        elif loop == "accelerate":  # the bench extra: what a user would pick instead of the runner
+            from accelerate import Accelerator
+
+            accelerator = Accelerator(cpu=True)
+            fit = lambda count, name: plain_fit(workload, count, data, accelerator)  # noqa: E731
         else:
             splits = to_splits(data)
             fit = lambda count, name: runner_fit(workload, count, splits, Path(tmp) / name)  # noqa: E731
