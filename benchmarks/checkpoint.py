@@ -1,7 +1,7 @@
 """Checkpoint save/load time of a ~100M-parameter model with its AdamW state, against plain torch.save/torch.load
-of the same dicts, measured in the same process, alternating (runner, plain, runner, plain, ...).
+of the same dicts and against Accelerate and Fabric, measured in the same process, interleaved (A B C D, D C B A).
 
-    python benchmarks/checkpoint.py [--params 100] [--repeats 3] [--dir /tmp/ckpt-bench]
+    python benchmarks/checkpoint.py [--params 100] [--repeats 3] [--dir /tmp/ckpt-bench] [--arms plain,runner]
 
 "runner" save = safetensors weights + torch.save of optimizer/RNG/loop state into a partial directory: the time the
 training loop is blocked. "until sealed" adds what a background thread then does while training goes on: every
@@ -9,6 +9,10 @@ file hashed (sha256 per 64 MiB block) and fsynced, manifest written last, direct
 "plain" save = one torch.save({"model":..., "optimizer":...}) (no fsync, no checksum): the usual baseline.
 "runner" load = verify sizes + sha256 against the manifest, load_model (safetensors) + torch.load(weights_only=True).
 "plain" load = torch.load(weights_only=True) + model.load_state_dict + optimizer.load_state_dict.
+"accelerate" = HuggingFace Accelerate's save_state()/load_state() (safetensors weights, pickled optimizer and RNG
+states), "fabric" = Lightning Fabric's save()/load() of {"model", "optimizer"} (one torch.save): what a user would
+pick instead (benchmarks/alternatives.py; skipped with a note where the bench extra is not installed). Every load is
+checked to give back the saved weights.
 Before each load the page cache keeps what the last save wrote (both sides alike: a warm-cache comparison);
 before each save, os.sync() flushes what earlier steps left dirty, so neither side pays for the other's writeback.
 """
@@ -18,16 +22,17 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 from torch import nn
 
-
-from runner.checkpoint import Checkpointer, find_resume, restore
-from runner.config import CheckpointConfig, MonitorMode
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' own modules, when loaded by path
+import alternatives  # noqa: E402
+from runner.checkpoint import Checkpointer, find_resume, restore  # noqa: E402
+from runner.config import CheckpointConfig, MonitorMode  # noqa: E402
 
 
 def model_of(million_params: int) -> nn.Module:
@@ -81,43 +86,88 @@ def timed(fn, *args) -> float:
     return time.perf_counter() - start
 
 
-def main() -> None:
+def measure(million_params: int, repeats: int, directory: Path, arms: tuple[str, ...] = alternatives.ARMS) -> dict:
+    """Seconds per save and load for each arm, the arms interleaved (A B C D, D C B A, ...) over `repeats`."""
+    import statistics
+
+    model, optimizer = trained(million_params)
+    count = sum(p.numel() for p in model.parameters())
+    measured = [arm for arm in ("runner", "plain", *alternatives.FRAMEWORKS) if arm in alternatives.available(arms)]
+    frameworks = {arm: alternatives.framework(arm) for arm in measured if arm in alternatives.FRAMEWORKS}
+    # Each framework saves the objects it set up (set up once: the weights and state are the trained ones).
+    wrapped = {arm: framework.setup(model, optimizer) for arm, framework in frameworks.items()}
+    times: dict[str, list[float]] = {f"{arm} {what}": [] for arm in measured for what in ("save", "load")}
+    times.update({"runner save until sealed": [], "runner load, verify=false": []})
+    for index in range(repeats):
+        for arm in measured if index % 2 == 0 else measured[::-1]:
+            root = directory / arm
+            shutil.rmtree(root, ignore_errors=True)
+            os.sync()  # start each save with no dirty pages: else one arm pays for another's delayed writeback
+            start = time.perf_counter()
+            if arm in frameworks:
+                frameworks[arm].save(root, *wrapped[arm])
+            elif arm == "runner":
+                checkpointer = runner_save(root, model, optimizer)
+            else:
+                plain_save(root, model, optimizer)
+            times[f"{arm} save"].append(time.perf_counter() - start)
+            if arm == "runner":
+                checkpointer.wait()  # sealed: hashed, fsynced, renamed into place
+                times["runner save until sealed"].append(time.perf_counter() - start)
+            fresh_model, fresh_optimizer = trained(million_params)
+            with torch.no_grad():  # so that a load which gave nothing back cannot pass the check below
+                next(iter(fresh_model.parameters())).zero_()
+            if arm in frameworks:
+                fresh_model, fresh_optimizer = frameworks[arm].setup(fresh_model, fresh_optimizer)
+                times[f"{arm} load"].append(timed(frameworks[arm].load, root, fresh_model, fresh_optimizer))
+            else:
+                load = runner_load if arm == "runner" else plain_load
+                times[f"{arm} load"].append(timed(load, root, fresh_model, fresh_optimizer))
+            if arm == "runner":
+                times["runner load, verify=false"].append(timed(runner_load_unverified, root, fresh_model,
+                                                                fresh_optimizer))
+            assert torch.equal(next(iter(fresh_model.parameters())), next(iter(model.parameters()))), arm
+            shutil.rmtree(root, ignore_errors=True)
+            del fresh_model, fresh_optimizer
+    return {
+        "params": count,
+        "times": {key: {"median": statistics.median(values), "values": values} for key, values in times.items()},
+        "missing": [alternatives.missing_note(arm) for arm in arms if not alternatives.installed(arm)],
+    }
+
+
+def report(results: dict) -> str:
+    count, times = results["params"], results["times"]
+    median = {key: row["median"] for key, row in times.items()}
+    out = [f"model: {count / 1e6:.1f}M parameters, {count * 4 / 2**20:.0f} MiB weights + {count * 8 / 2**20:.0f} MiB "
+           f"AdamW state; torch {torch.__version__}, {torch.get_num_threads()} threads"]
+    for key, row in times.items():
+        plain = median["plain save" if " save" in key else "plain load"]
+        ratio = "" if key.startswith("plain") else f"{row['median'] / plain:.2f}x plain"
+        values = ", ".join(f"{value:.2f}" for value in row["values"])
+        out.append(f"{key:26s} median {row['median']:6.2f} s  {ratio:12s} ({values})")
+    out += results["missing"]
+    out.append(f"save ratio runner/plain: {median['runner save'] / median['plain save']:.2f}x (target <= 1.1x; the "
+               f"time training is blocked); until sealed and durable "
+               f"{median['runner save until sealed'] / median['plain save']:.2f}x")
+    out.append(f"load ratio runner/plain: {median['runner load'] / median['plain load']:.2f}x (target < 1.0x); "
+               f"without sha256 verification {median['runner load, verify=false'] / median['plain load']:.2f}x")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--params", type=int, default=100, help="model size in millions of parameters")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dir", type=Path, default=Path("/tmp/runner-checkpoint-bench"))
-    args = parser.parse_args()
-    model, optimizer = trained(args.params)
-    count = sum(p.numel() for p in model.parameters())
-    print(f"model: {count / 1e6:.1f}M parameters, {count * 4 / 2**20:.0f} MiB weights + "
-          f"{count * 8 / 2**20:.0f} MiB AdamW state; torch {torch.__version__}, {torch.get_num_threads()} threads")
-    keys = ("runner save", "runner save until sealed", "plain save", "runner load", "runner load, verify=false",
-            "plain load")
-    times = {key: [] for key in keys}
-    for _ in range(args.repeats):
-        for name, save, load in (("runner", runner_save, runner_load), ("plain", plain_save, plain_load)):
-            root = args.dir / name
-            shutil.rmtree(root, ignore_errors=True)
-            os.sync()  # start each save with no dirty pages: else one side pays for the other's delayed writeback
-            start = time.perf_counter()
-            checkpointer = save(root, model, optimizer)
-            times[f"{name} save"].append(time.perf_counter() - start)
-            if checkpointer is not None:
-                checkpointer.wait()  # sealed: hashed, fsynced, renamed into place
-                times["runner save until sealed"].append(time.perf_counter() - start)
-            fresh_model, fresh_optimizer = trained(args.params)
-            times[f"{name} load"].append(timed(load, root, fresh_model, fresh_optimizer))
-            if name == "runner":
-                times["runner load, verify=false"].append(timed(runner_load_unverified, root, fresh_model, fresh_optimizer))
-            shutil.rmtree(root, ignore_errors=True)
-            del fresh_model, fresh_optimizer
-    median = {key: statistics.median(values) for key, values in times.items()}
-    for key, values in times.items():
-        print(f"{key:26s} median {median[key]:6.2f} s  ({', '.join(f'{v:.2f}' for v in values)})")
-    print(f"save ratio runner/plain: {median['runner save'] / median['plain save']:.2f}x (target <= 1.1x; the time "
-          f"training is blocked); until sealed and durable {median['runner save until sealed'] / median['plain save']:.2f}x")
-    print(f"load ratio runner/plain: {median['runner load'] / median['plain load']:.2f}x (target < 1.0x); "
-          f"without sha256 verification {median['runner load, verify=false'] / median['plain load']:.2f}x")
+    parser.add_argument("--arms", default=",".join(alternatives.ARMS),
+                        help=f"comma-separated subset of {','.join(alternatives.ARMS)} (runner and plain always)")
+    args = parser.parse_args(argv)
+    arms = ("plain", "runner", *(name.strip() for name in args.arms.split(",") if name.strip()))
+    unknown = sorted(set(arms) - set(alternatives.ARMS))
+    if unknown:
+        parser.error(f"--arms: unknown name(s) {', '.join(unknown)}; choose from {', '.join(alternatives.ARMS)}")
+    print(report(measure(args.params, args.repeats, args.dir, tuple(dict.fromkeys(arms)))))
 
 
 if __name__ == "__main__":

@@ -1,19 +1,23 @@
-"""Multi-process cost of the runner against plain PyTorch DDP started by torchrun, measured in the same run.
+"""Multi-process cost of the runner against plain PyTorch DDP started by torchrun, and against the same script on
+HuggingFace Accelerate and Lightning Fabric, measured in the same run.
 
-    python benchmarks/distributed.py               # 3 alternating rounds (about 10 minutes on 2 busy cores)
+    python benchmarks/distributed.py               # 3 interleaved rounds (about 10 minutes on 2 busy cores)
     python benchmarks/distributed.py --rounds 1    # a quick look
 
 1. Throughput: 2 gloo processes train the runner's default workload (reverse 12 digits, small Transformer, AdamW,
    batch 32 per process) for 60 steps: `python -m runner hardware=multi_cpu` against benchmarks/plain_ddp.py under
-   `torchrun --nproc_per_node 2`, alternating A B A B. Steps/s come from the logging windows after the first (both
-   read the loss once per 10-step window); the ratio is runner / plain per round. Because wall time on a shared
-   machine moves with other people's jobs, the workers' CPU seconds per step (user + system, all threads, read from
-   /proc between the first and the last window) are compared too: that ratio is what the runner itself costs.
-2. Start-up: seconds from the command to the end of the first optimizer step (both write a file then; this script
-   polls for it), for 1 and 2 processes, the runner with each start method against torchrun + the plain script,
-   all alternating. The dataset is generated and cached by a warm-up run first, so this is launch cost only.
+   `torchrun --nproc_per_node 2`, by hand (DDP) and with `--framework accelerate|fabric` (what a user would pick
+   instead; skipped with a note where the bench extra is not installed), interleaved A B C D, D C B A. Steps/s come
+   from the logging windows after the first (every arm reads the loss once per 10-step window); each arm's ratio is
+   to the plain arm of the same round. Because wall time on a shared machine moves with other people's jobs, the
+   workers' CPU seconds per step (user + system, all threads, read from /proc between the first and the last
+   window) are compared too: that ratio is what each arm itself costs. Every script arm checks that its two
+   replicas end with equal weights, so each really trained one data-parallel model.
+2. Start-up: seconds from the command to the end of the first optimizer step (every arm writes a file then; this
+   script polls for it), for each arm at 2 processes, plus the runner at 1 process and with spawn against torchrun
+   + the plain script. The dataset is generated and cached by a warm-up run first, so this is launch cost only.
 
-Both arms run one torch thread per process (torchrun sets OMP_NUM_THREADS=1; the runner gives each of N workers
+Every arm runs one torch thread per process (torchrun sets OMP_NUM_THREADS=1; the runner gives each of N workers
 cores // N). On a machine shared with other jobs the absolute numbers drift; the per-round ratios are what to read.
 """
 
@@ -29,6 +33,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' own modules, when loaded by path
+import alternatives  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BATCH, ROWS, STEPS, LOG_EVERY = 32, 4096, 60, 10
@@ -88,7 +95,8 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def run(command: list[str], out: Path, first_step_done, progress=None) -> tuple[float, float | None]:
+def run(command: list[str], out: Path, first_step_done, progress=None,
+        steps: int = STEPS) -> tuple[float, float | None]:
     """Run a command to its end: (seconds from its start to its first optimizer step, worker CPU seconds per
     step between the end of the first and of the last logging window, when `progress` is given)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -99,7 +107,7 @@ def run(command: list[str], out: Path, first_step_done, progress=None) -> tuple[
             first_step = time.perf_counter() - started
         if progress is not None:
             windows, pids = progress(out)
-            if windows in (1, STEPS // LOG_EVERY) and windows not in cpu_marks and len(pids) == 2:
+            if windows in (1, steps // LOG_EVERY) and windows not in cpu_marks and len(pids) == 2:
                 cpu_marks[windows] = cpu_seconds(pids)
         time.sleep(0.01)
     output = process.stdout.read()
@@ -108,7 +116,7 @@ def run(command: list[str], out: Path, first_step_done, progress=None) -> tuple[
     first_step = first_step if first_step is not None else time.perf_counter() - started
     if progress is None:
         return first_step, None
-    return first_step, (cpu_marks[STEPS // LOG_EVERY] - cpu_marks[1]) / (STEPS - LOG_EVERY)
+    return first_step, (cpu_marks[steps // LOG_EVERY] - cpu_marks[1]) / (steps - LOG_EVERY)
 
 
 def runner_steps_per_s(out: Path, processes: int) -> float:
@@ -121,63 +129,141 @@ def plain_steps_per_s(out: Path) -> float:
     return statistics.mean(json.loads((out / "result.json").read_text())["steps_per_s"][1:])
 
 
-def throughput_round(work: Path, index: int) -> tuple[float, float, float, float]:
-    """(runner steps/s, plain steps/s, runner CPU s/step, plain CPU s/step) of one alternating pair."""
-    runner_out, plain_out = work / f"tp-runner-{index}", work / f"tp-plain-{index}"
-    _, runner_cpu = run(runner_command(runner_out, 2, "spawn", STEPS, LOG_EVERY), runner_out, runner_first_step,
-                        runner_progress)
-    _, plain_cpu = run(plain_command(plain_out, 2, STEPS, LOG_EVERY), plain_out, plain_first_step, plain_progress)
-    return runner_steps_per_s(runner_out, 2), plain_steps_per_s(plain_out), runner_cpu, plain_cpu
+def framework_command(out: Path, processes: int, steps: int, log_every: int, framework: str) -> list[str]:
+    return [*plain_command(out, processes, steps, log_every), "--framework", framework]
 
 
-STARTUP_ARMS = {
-    "runner, 1 process": lambda out: (runner_command(out, 1, "spawn", 1, 1), runner_first_step),
+# Each arm at 2 processes: (command for (out, steps, log_every), first step done?, progress, steps/s read-back).
+def arms_at_two(start_method: str = "auto") -> dict:
+    plain = (plain_first_step, plain_progress, plain_steps_per_s)
+    return {
+        "plain": (lambda out, steps, every: plain_command(out, 2, steps, every), *plain),
+        "runner": (lambda out, steps, every: runner_command(out, 2, start_method, steps, every), runner_first_step,
+                   runner_progress, lambda out: runner_steps_per_s(out, 2)),
+        **{framework: (lambda out, steps, every, framework=framework:
+                       framework_command(out, 2, steps, every, framework), *plain)
+           for framework in alternatives.FRAMEWORKS},
+    }
+
+
+def interleaved(arms: list[str], index: int) -> list[str]:
+    """A B C D, then D C B A: a steady drift in the machine's load hits every arm alike over two rounds."""
+    return arms if index % 2 == 0 else arms[::-1]
+
+
+# Start-up only: what the start method and the process count cost the runner, against torchrun + the plain script.
+EXTRA_STARTUP = {
+    "runner, 1 process": lambda out: (runner_command(out, 1, "auto", 1, 1), runner_first_step),
     "torchrun + plain, 1 process": lambda out: (plain_command(out, 1, 1, 1), plain_first_step),
-    "runner, 2 processes (spawn)": lambda out: (runner_command(out, 2, "spawn", 1, 1), runner_first_step),
-    "runner, 2 processes (fork)": lambda out: (runner_command(out, 2, "fork", 1, 1), runner_first_step),
-    "torchrun + plain, 2 processes": lambda out: (plain_command(out, 2, 1, 1), plain_first_step),
+    "runner, 2 processes, spawn": lambda out: (runner_command(out, 2, "spawn", 1, 1), runner_first_step),
 }
 
 
-def summary(values: list[float]) -> str:
-    return f"{statistics.median(values):.3f} (min {min(values):.3f}, max {max(values):.3f})"
+def spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
-    env_note = f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start"
+def measure(rounds: int, arms: tuple[str, ...] = alternatives.ARMS, extra_startup: bool = True,
+            steps: int = STEPS) -> dict:
+    """Every arm's 2-process steps/s, worker CPU seconds per step and seconds to its first optimizer step, the arms
+    interleaved round by round; each arm's ratios are to the plain arm of the same round."""
+    measured = ["plain", *(arm for arm in alternatives.available(arms) if arm != "plain")]
+    two = arms_at_two()
+    rates = {arm: [] for arm in measured}
+    cpu = {arm: [] for arm in measured}
+    first_step = {arm: [] for arm in measured}
+    startup = {name: [] for name in EXTRA_STARTUP} if extra_startup else {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
+        saved = {key: os.environ.get(key) for key in ("HF_DATASETS_CACHE", "PYTHONPATH")}
         os.environ["HF_DATASETS_CACHE"] = str(work / "hf")
         os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-        run(runner_command(work / "warmup", 2, "fork", 1, 1), work / "warmup", runner_first_step)  # caches the data
+        try:
+            run(runner_command(work / "warmup", 2, "auto", 1, 1), work / "warmup", runner_first_step)  # caches data
+            for arm in measured[2:]:  # and the frameworks' files in the OS cache
+                command, done = two[arm][0](work / f"warmup-{arm}", 1, 1), two[arm][1]
+                run(command, work / f"warmup-{arm}", done)
+            for index in range(rounds):
+                for arm in interleaved(measured, index):
+                    command, done, progress, read_rate = two[arm]
+                    out = work / f"tp-{arm}-{index}"
+                    _, cpu_per_step = run(command(out, steps, LOG_EVERY), out, done, progress, steps)
+                    rates[arm].append(read_rate(out))
+                    cpu[arm].append(cpu_per_step)
+                    if arm != "runner":
+                        assert json.loads((out / "result.json").read_text())["replicas_equal"], arm
+                for arm in interleaved(measured, index + 1):
+                    command, done = two[arm][0], two[arm][1]
+                    out = work / f"start-{arm}-{index}"
+                    first_step[arm].append(run(command(out, 1, 1), out, done)[0])
+                for name, arm in (EXTRA_STARTUP.items() if extra_startup else ()):
+                    out = work / f"start-{list(EXTRA_STARTUP).index(name)}-{index}"
+                    command, done = arm(out)
+                    startup[name].append(run(command, out, done)[0])
+                print(f"round {index + 1}/{rounds}: " + ", ".join(
+                    f"{arm} {rates[arm][-1]:.1f} steps/s, first step {first_step[arm][-1]:.2f} s" for arm in measured),
+                    flush=True)
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+    return {
+        "steps": steps,
+        "arms": {arm: {
+            "steps_per_s": spread(rates[arm]),
+            "ratio": spread([rate / plain for rate, plain in zip(rates[arm], rates["plain"])]),
+            "cpu_ratio": spread([plain / own for own, plain in zip(cpu[arm], cpu["plain"])]),
+            "first_step_s": spread(first_step[arm]),
+        } for arm in measured},
+        "startup": {name: spread(values) for name, values in startup.items()},
+        "missing": [alternatives.missing_note(arm) for arm in arms if not alternatives.installed(arm)],
+    }
 
-        rates: dict[str, list[float]] = {"runner": [], "plain": [], "ratio": [], "cpu ratio": []}
-        startup: dict[str, list[float]] = {name: [] for name in STARTUP_ARMS}
-        for index in range(args.rounds):
-            runner_rate, plain_rate, runner_cpu, plain_cpu = throughput_round(work, index)
-            rates["runner"].append(runner_rate)
-            rates["plain"].append(plain_rate)
-            rates["ratio"].append(runner_rate / plain_rate)
-            rates["cpu ratio"].append(plain_cpu / runner_cpu)  # CPU seconds per step: plain / runner
-            for name, arm in STARTUP_ARMS.items():
-                out = work / f"start-{index}-{list(STARTUP_ARMS).index(name)}"
-                command, done = arm(out)
-                startup[name].append(run(command, out, done)[0])
-            print(f"round {index + 1}/{args.rounds}: runner {runner_rate:.2f} steps/s, plain DDP {plain_rate:.2f} "
-                  f"steps/s, ratio {rates['ratio'][-1]:.3f}; CPU s/step runner {runner_cpu:.4f}, plain "
-                  f"{plain_cpu:.4f}, ratio {rates['cpu ratio'][-1]:.3f}", flush=True)
 
-    print(f"\n## 2-process gloo throughput ({args.rounds} alternating rounds; {env_note})")
-    print(f"runner (python -m runner hardware=multi_cpu): {summary(rates['runner'])} steps/s")
-    print(f"plain DDP under torchrun:                    {summary(rates['plain'])} steps/s")
-    print(f"ratio runner / plain, wall-clock steps/s:    {summary(rates['ratio'])}  (target >= 0.97)")
-    print(f"ratio by CPU time per step (plain / runner): {summary(rates['cpu ratio'])}  (steadier on a shared machine)")
-    print("\n## Seconds from the command to the end of the first optimizer step (median, min-max)")
-    for name, values in startup.items():
-        print(f"{name:32s} {summary(values)}")
+def _range(stats: dict, fmt: str) -> str:
+    return f"{stats['median']:{fmt}} [{stats['min']:{fmt}} .. {stats['max']:{fmt}}]"
+
+
+LABELS = {"plain": "plain DDP script, torchrun", "runner": "runner, hardware=multi_cpu",
+          "accelerate": "the script on Accelerate, torchrun", "fabric": "the script on Fabric, torchrun"}
+
+
+def report(results: dict, rounds: int, env_note: str) -> str:
+    out = [f"2 gloo processes, {results['steps']} steps of the default workload | {rounds} interleaved rounds, "
+           f"median [min .. max] | {env_note}",
+           f"  {'arm':36} {'steps/s':>8} {'x plain (wall)':>24} {'x plain (worker CPU)':>24} "
+           f"{'first step s':>24}"]
+    for arm, row in results["arms"].items():
+        out.append(f"  {LABELS[arm]:36} {row['steps_per_s']['median']:8.1f} {_range(row['ratio'], '.3f'):>24} "
+                   f"{_range(row['cpu_ratio'], '.3f'):>24} {_range(row['first_step_s'], '.2f'):>24}")
+    out += [f"  {note}" for note in results["missing"]]
+    for name, stats in results["startup"].items():
+        out.append(f"  {name:36} {'':8} {'':24} {'':24} {_range(stats, '.2f'):>24}")
+    runner, plain = results["arms"]["runner"], results["arms"]["plain"]
+    ratio = runner["ratio"]["median"]
+    out.append(f"{'PASS' if ratio >= 0.97 else 'MISS'} 2-process throughput: runner at "
+               f"{_range(runner['ratio'], '.3f')}x plain DDP under torchrun (target >= 0.97x)")
+    later = runner["first_step_s"]["median"] - plain["first_step_s"]["median"]
+    out.append(f"{'PASS' if later <= 0 else 'MISS'} 2-process start: runner's first step {later:+.2f} s after "
+               "torchrun + the plain script's, median (target: no later)")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=STEPS, help=f"steps per throughput run (default {STEPS})")
+    parser.add_argument("--arms", default=",".join(alternatives.ARMS),
+                        help=f"comma-separated subset of {','.join(alternatives.ARMS)} (plain is always measured)")
+    args = parser.parse_args(argv)
+    arms = tuple(name.strip() for name in args.arms.split(",") if name.strip())
+    unknown = sorted(set(arms) - set(alternatives.ARMS))
+    if unknown:
+        parser.error(f"--arms: unknown name(s) {', '.join(unknown)}; choose from {', '.join(alternatives.ARMS)}")
+    env_note = f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start"
+    print(report(measure(args.rounds, arms, steps=args.steps), args.rounds, env_note))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,6 @@
-"""Smoke test of benchmarks/overhead.py: each section runs a handful of steps and reports in the promised shape.
+"""Smoke test of the benchmarks: each section of benchmarks/overhead.py, benchmarks/distributed.py and
+benchmarks/checkpoint.py runs a handful of steps with every arm (plain, runner, Accelerate, Fabric) and reports in
+the promised shape, and benchmarks/compare.py puts them in one table.
 
 Timings are never asserted: they belong to the benchmark, whose output the README quotes.
 """
@@ -13,21 +15,25 @@ import pytest
 from conftest import ROOT, read_jsonl
 
 
-def _load_overhead():
-    spec = importlib.util.spec_from_file_location("overhead", ROOT / "benchmarks" / "overhead.py")
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the file runs
     spec.loader.exec_module(module)
     return module
 
 
-overhead = _load_overhead()
+compare = _load("compare")
+overhead = compare.overhead
 TINY = overhead.WORKLOADS["tiny"]
 
 
 def assert_spread(stats: dict) -> None:
     assert set(stats) == {"median", "min", "max"}
     assert stats["min"] <= stats["median"] <= stats["max"]
+
+
+ARMS = ("plain", "runner", "accelerate", "fabric")  # accelerate and lightning-fabric are in the test extra
 
 
 @pytest.fixture(scope="module")
@@ -54,12 +60,40 @@ def test_both_arms_train_the_same_steps(tmp_path):
     assert (tmp_path / "tensorboard").is_dir() and not (tmp_path / "checkpoints").exists()
 
 
-def test_loop_comparison_reports_per_pair_spreads(results):
+@pytest.mark.parametrize("name", ["accelerate", "fabric"])
+def test_framework_arms_train_the_plain_loop_through_the_framework(name, monkeypatch):
+    """The Accelerate and Fabric arms run the plain loop's very steps, with the model and optimizer set up by the
+    framework and the loss through its backward: the same weights as the plain loop after the same steps."""
+    import torch
+
+    framework = overhead.alternatives.framework(name)
+    calls = []
+    setup, backward = framework.setup, framework.backward
+    framework.setup = lambda *objects: calls.append("setup") or setup(*objects)
+    framework.backward = lambda loss: calls.append("backward") or backward(loss)
+    models, make_model = [], overhead.make_model
+    monkeypatch.setattr(overhead, "make_model", lambda workload: models.append(make_model(workload)) or models[-1])
+    data = overhead.make_data(TINY)
+    torch.manual_seed(5)
+    overhead.plain_fit(TINY, 4, data, framework)
+    torch.manual_seed(5)
+    overhead.plain_fit(TINY, 4, data)
+    assert calls == ["setup"] + ["backward"] * 4
+    wrapped, plain = (torch.cat([p.detach().flatten() for p in model.parameters()]) for model in models)
+    assert torch.equal(wrapped, plain)
+
+
+def test_loop_comparison_interleaves_every_arm_against_plain(results):
     loops = results["tiny"]
     assert loops["workload"] == "Linear 32-10, batch 64" and loops["steps"] == 8
-    for key in ("plain_ms", "runner_ms", "ratio", "overhead_ms", "cpu_ratio", "cpu_overhead_ms"):
-        assert_spread(loops[key])
-    assert loops["plain_ms"]["min"] > 0 and loops["ratio"]["min"] > 0
+    assert tuple(loops["arms"]) == ARMS and loops["missing"] == []
+    for arm, stats in loops["arms"].items():
+        for key in ("ms", "cpu_ms", "ratio", "cpu_ratio", "overhead_ms", "cpu_overhead_ms"):
+            assert_spread(stats[key])
+        assert stats["ms"]["min"] > 0 and stats["ratio"]["min"] > 0
+    plain = loops["arms"]["plain"]
+    assert plain["ratio"] == plain["cpu_ratio"] == {"median": 1.0, "min": 1.0, "max": 1.0}
+    assert plain["overhead_ms"] == {"median": 0.0, "min": 0.0, "max": 0.0}
     malloc = results["malloc"]["tiny"]
     for key in ("default_ms", "pinned_ms", "speedup", "cpu_speedup"):
         assert_spread(malloc[key])
@@ -73,69 +107,94 @@ def test_data_path_and_startup_sections(results):
             assert_spread(data[name][key])
     assert data["arrow"]["vs_tensors"] > 0
     startup = results["startup"]
-    for key in ("plain_s", "plain_with_libraries_s", "runner_s", "runner_to_worker_s", "added_s", "added_own_s",
-                "accelerator_s", "accelerator_ratio"):
+    for key in ("plain_s", "plain_with_libraries_s", "runner_s", "runner_to_worker_s", "added_s", "added_own_s"):
         assert_spread(startup[key])
-    assert startup["accelerator_ratio"]["median"] > 0
+    # The raw script on runner.Accelerator, on Accelerate and on Fabric, each against the raw script.
+    assert tuple(startup["script_on"]) == ("runner", "accelerate", "fabric") and startup["missing"] == []
+    for stats in startup["script_on"].values():
+        assert_spread(stats["s"]), assert_spread(stats["ratio"])
+        assert stats["ratio"]["median"] > 0
     # The worker starts after the process does and before the first optimizer step.
     assert 0 < startup["runner_to_worker_s"]["median"] < startup["runner_s"]["median"]
 
 
-def test_report_has_a_table_row_and_a_verdict_per_target(results):
+def test_report_has_a_row_per_arm_and_a_verdict_per_target(results):
     text = overhead.report(results, pairs=2)
     lines = text.splitlines()
     assert lines[0].startswith("runner overhead vs plain PyTorch") and "2 pairs" in lines[0]
-    assert any(line.startswith("  tiny  Linear 32-10, batch 64, 8 steps") for line in lines)
+    assert "loop tiny: Linear 32-10, batch 64, 8 steps (malloc pinned in every arm)" in lines
+    for label in ("plain PyTorch", "runner", "HuggingFace Accelerate", "Lightning Fabric"):
+        assert any(line.startswith(f"  {label} ") for line in lines), label
+    for label in ("runner.Accelerator", "HuggingFace Accelerate", "Lightning Fabric"):
+        assert any(line.startswith(f"  plain script on {label} ") for line in lines), label
     verdicts = [line for line in lines if line.split(" ", 1)[0] in ("PASS", "MISS")]
-    assert [line.split(" ", 2)[1] for line in verdicts] == ["tiny:", "data/tensors:", "data/arrow:", "startup:"]
+    assert [line.split(" ", 2)[1] for line in verdicts] == ["tiny:", "data/tensors:", "data/arrow:", "startup:",
+                                                            "startup/accelerator:"]
     assert "target <= +0.05 ms" in verdicts[0] and "target >= 0.9x" in verdicts[1]
+    assert "target <= +0.3 s" in verdicts[3] and "target <= 1.02x" in verdicts[4]
     infos = [line.split(" ", 2)[1] for line in lines if line.startswith("INFO ")]
     assert infos == ["malloc/tiny:", "data/index_select:", "data/arrow:", "startup:"]
 
 
-def test_unknown_section_is_refused(capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        overhead.main(["--only", "tiny,speed"])
-    assert exit_info.value.code == 2
-    assert "unknown section(s) speed; choose from mlp, tiny, malloc, data, startup" in capsys.readouterr().err
+def test_an_arm_whose_package_is_missing_is_skipped_with_a_note(monkeypatch):
+    monkeypatch.setattr(overhead.alternatives, "installed", lambda arm: arm != "fabric")
+    row = overhead.compare_loops(TINY, pairs=1, steps=4, warmup=2, rounds=2, arms=("plain", "runner", "fabric"))
+    assert tuple(row["arms"]) == ("plain", "runner")
+    note = "Lightning Fabric: not measured (lightning_fabric is not installed: pip install -e '.[bench]')"
+    assert row["missing"] == [note]
+    assert f"  {note}" in overhead.report({"tiny": row}, pairs=1).splitlines()
 
 
-def test_the_runner_arm_reads_the_device_per_log_not_per_step(tmp_path, monkeypatch):
-    """No host-device sync on the hot path: 20 steps logged every 10 read the loss twice; the only other reads are
-    the one-batch check before the first step and the final evaluation's sums. On a GPU each read is a sync.
-    (torch's AdamW reads its CPU step counter itself.)"""
-    import sys
-
-    import torch
-
-    runner_dir = str(ROOT / "runner")
-    reads = []
-    for name in ("item", "tolist", "__float__", "__bool__", "__int__"):
-        original = getattr(torch.Tensor, name)
-
-        def counted(self, *args, _original=original, _name=name, **kwargs):
-            caller = sys._getframe(1).f_code
-            if caller.co_filename.startswith(runner_dir):
-                reads.append((_name, caller.co_name))
-            return _original(self, *args, **kwargs)
-
-        monkeypatch.setattr(torch.Tensor, name, counted)
-    splits = overhead.to_splits(overhead.make_data(TINY))
-    overhead.runner_fit(TINY, 20, splits, tmp_path)
-    training = [read for read in reads if read[1] not in ("check_fit", "summarize", "macro_f1")]
-    assert training == [("item", "log_train")] * 2
-    first_training_read = reads.index(("item", "log_train"))
-    assert {name for _, name in reads[:first_training_read]} == {"check_fit"}  # before the first step only
-    assert {name for _, name in reads[first_training_read + 2:]} <= {"summarize", "macro_f1"}
+@pytest.fixture(scope="module")
+def distributed_results():
+    """One round of 20 steps: each arm launched twice (throughput, first step) on 2 gloo processes."""
+    return compare.distributed.measure(1, extra_startup=False, steps=20)
 
 
-def test_the_accelerate_arm_trains_the_same_loop_and_reports_its_ratio():
-    row = overhead.compare_accelerate(TINY, pairs=1, steps=4, warmup=2, rounds=2)
-    assert row is not None, "accelerate is in the test extra"
-    assert row["workload"] == "Linear 32-10, batch 64" and row["steps"] == 4
-    for key in ("ratio", "cpu_ratio", "overhead_ms"):
-        assert_spread(row[key])
-    assert row["ratio"]["median"] > 0
-    text = overhead.report({"accelerate": {"tiny": row, "mlp": None}}, pairs=1)
-    assert "HuggingFace Accelerate vs the same plain loop" in text
-    assert "mlp   not measured: accelerate is not installed" in text
+@pytest.fixture(scope="module")
+def checkpoint_results(tmp_path_factory):
+    return compare.checkpoint.measure(1, 1, tmp_path_factory.mktemp("ckpt"))
+
+
+def test_every_arm_trains_on_two_processes_and_reports_its_ratio(distributed_results):
+    assert distributed_results["steps"] == 20 and distributed_results["missing"] == []
+    assert tuple(distributed_results["arms"]) == ARMS
+    for arm, row in distributed_results["arms"].items():
+        for key in ("steps_per_s", "ratio", "cpu_ratio", "first_step_s"):
+            assert_spread(row[key])
+        assert row["steps_per_s"]["min"] > 0 and row["first_step_s"]["min"] > 0, arm
+    assert distributed_results["arms"]["plain"]["ratio"]["median"] == 1.0
+    # (Each script arm asserted in the benchmark that its two replicas ended with equal weights.)
+    text = compare.distributed.report(distributed_results, 1, "2 cores")
+    for label in compare.distributed.LABELS.values():
+        assert f"  {label} " in text
+    verdicts = [line.split(":")[0] for line in text.splitlines() if line.split(" ", 1)[0] in ("PASS", "MISS")]
+    assert [verdict.split(" ", 1)[1] for verdict in verdicts] == ["2-process throughput", "2-process start"]
+
+
+def test_every_arm_saves_and_loads_the_same_weights(checkpoint_results):
+    times = checkpoint_results["times"]
+    expected = {f"{arm} {what}" for arm in ARMS for what in ("save", "load")}
+    assert set(times) == expected | {"runner save until sealed", "runner load, verify=false"}
+    assert all(len(row["values"]) == 1 and row["median"] > 0 for row in times.values())
+    assert times["runner save until sealed"]["median"] >= times["runner save"]["median"]
+    text = compare.checkpoint.report(checkpoint_results)
+    assert "accelerate save" in text and "fabric load" in text and "x plain" in text
+
+
+def test_the_table_has_a_column_per_arm_and_a_row_per_measure(results, distributed_results, checkpoint_results):
+    # The tiny loop stands in for the MLP row too: the same code path, a fraction of the time.
+    table = {**results, "mlp": results["tiny"], "distributed": distributed_results, "checkpoint": checkpoint_results}
+    lines = compare.table(table).splitlines()
+    assert lines[0] == "| | plain PyTorch | runner | HuggingFace Accelerate | Lightning Fabric |"
+    rows = [line.split(" | ") for line in lines[2:]]
+    assert [row[0].split(",")[0] for row in rows] == [
+        "| per-step time", "| steps/s", "| start-up of a script to its first step", "| start-up of `python -m runner`",
+        "| 2 processes", "| 2 processes", "| checkpoint save", "| checkpoint load"]
+    assert all(len(row) == 5 for row in rows)
+    # A figure in every cell but the CLI start-up row's framework cells, which have no such command.
+    for row in rows:
+        cells = [cell.strip(" |") for cell in row[1:]]
+        figures = cells[:2] if "python -m runner" in row[0] else cells
+        assert all(cell and cell[0] in "+-0123456789" for cell in figures), row
+    assert rows[0][1].endswith(" ms") and rows[0][2].startswith(("+", "-"))
