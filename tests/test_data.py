@@ -6,6 +6,7 @@ import sys
 import time
 
 import datasets
+import numpy as np
 import pytest
 import torch
 
@@ -24,13 +25,19 @@ def test_digit_sequences_reverse_and_sort():
     assert all(row["target"] == sorted(row["source"]) for row in sorted_["train"])
 
 
-def test_digit_sequences_are_cached_and_deterministic():
+def test_digit_sequences_are_deterministic_and_written_nowhere(tmp_path, monkeypatch):
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path)
     first = digit_sequences("reverse", num_train=40, num_validation=8, seq_len=4, seed=3)
     second = digit_sequences("reverse", num_train=40, num_validation=8, seq_len=4, seed=3)
-    assert first["train"].cache_files and first["train"].cache_files == second["train"].cache_files
     assert first["train"]["source"] == second["train"]["source"]
+    assert first["validation"]["target"] == second["validation"]["target"]
     other = digit_sequences("reverse", num_train=40, num_validation=8, seq_len=4, seed=4)
-    assert other["train"].cache_files != first["train"].cache_files
+    assert other["train"]["source"] != first["train"]["source"]
+    assert first["train"].cache_files == [] and list(tmp_path.iterdir()) == []  # in memory: no cache to go stale
+    # The same rows as numpy's generator gives for that seed (what the golden losses were recorded on).
+    expected = np.random.default_rng(3).integers(0, 10, size=(40, 4), dtype=np.int64)
+    assert first["train"]["source"] == expected.tolist()
+    assert first["train"].features["source"] == datasets.Sequence(datasets.Value("int64"), length=4)
 
 
 def test_unknown_operation_names_the_key():

@@ -71,10 +71,18 @@ def test_two_worker_processes_really_run_and_only_rank_0_writes_shared_files(cli
     assert [row["step"] for row in read_jsonl(run_dir / "metrics.jsonl") if "train/loss" in row] == [2, 4]
     assert [step for step, _ in read_scalars(run_dir, "train/loss")] == [2, 4]
     assert (run_dir / "checkpoints" / "latest").read_text() == "step_00000004"
-    # The data was generated once, by the launching process; the ranks read the cache.
+
+
+def test_a_table_is_read_into_the_datasets_cache_once_by_the_launcher_and_the_ranks_reuse_it(cli, tmp_path):
+    # 97 rows: a table no other test read, so its conversion into the datasets cache shows up in the output.
+    rows = "".join(f"{i % 7}.5,{(i * 3) % 11}.25,{'ab'[i % 2]}\n" for i in range(97))
+    (tmp_path / "table.csv").write_text("width,depth,kind\n" + rows)
+    result = cli(*FORK, *SMALL[1:], "recipe=tabular_csv", "data.train=table.csv", "data.label_column=kind",
+                 "trainer.max_steps=2", "trainer.batch_size=16", "checkpoint.enabled=false")
+    assert result.returncode == 0, result.output
     generated = [line for line in result.output.splitlines() if "Generating train split" in line]
     assert generated and not any(line.startswith("[rank") for line in generated)
-    for stderr in (run_dir / "ranks").rglob("stderr.log"):
+    for stderr in (result.run_dir() / "ranks").rglob("stderr.log"):
         assert "Generating" not in stderr.read_text()
 
 

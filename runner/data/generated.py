@@ -1,7 +1,8 @@
 """Datasets the project generates itself, so the default recipe and the tests need no download.
 
-Built with `datasets.Dataset.from_generator`, which caches the Arrow files under HF_DATASETS_CACHE keyed by the
-generator and its arguments: the second run with the same settings reads them back instead of regenerating.
+Built in memory from numpy arrays straight into Arrow columns: 20,000 rows take about 15 ms, less than reading
+them back from a datasets cache (from_generator's builder and fingerprinting took 0.15 s warm, and seconds the
+first time), so nothing is written under HF_DATASETS_CACHE. The same settings give the same rows.
 """
 
 from __future__ import annotations
@@ -9,12 +10,15 @@ from __future__ import annotations
 import numpy as np
 
 
-def _digit_sequences(num_rows: int, seq_len: int, vocab_size: int, seed: int, operation: str):
+def _digit_columns(num_rows: int, seq_len: int, vocab_size: int, seed: int, operation: str) -> dict:
+    """{"source", "target"}: fixed-length Arrow list columns of int64."""
+    import pyarrow as pa
+
     rng = np.random.default_rng(seed)
     sources = rng.integers(0, vocab_size, size=(num_rows, seq_len), dtype=np.int64)
     targets = sources[:, ::-1] if operation == "reverse" else np.sort(sources, axis=1)
-    for source, target in zip(sources.tolist(), targets.tolist()):
-        yield {"source": source, "target": target}
+    return {name: pa.FixedSizeListArray.from_arrays(np.ascontiguousarray(values).reshape(-1), seq_len)
+            for name, values in (("source", sources), ("target", targets))}
 
 
 OPERATIONS = ("reverse", "sort")
@@ -51,16 +55,7 @@ def digit_sequences(
     )
 
     def split(num_rows: int, split_seed: int):
-        return datasets.Dataset.from_generator(
-            _digit_sequences,
-            features=features,
-            gen_kwargs={
-                "num_rows": num_rows,
-                "seq_len": seq_len,
-                "vocab_size": vocab_size,
-                "seed": split_seed,
-                "operation": operation,
-            },
-        )
+        columns = _digit_columns(num_rows, seq_len, vocab_size, split_seed, operation)
+        return datasets.Dataset.from_dict(columns, features=features)
 
     return datasets.DatasetDict({"train": split(num_train, seed), "validation": split(num_validation, seed + 1)})
