@@ -109,6 +109,11 @@ class TensorBoardSink(_FileSink):
     HAND_OVER_EVENTS = 10  # SummaryWriter's max_queue: a hand-over never waits for room in the queue
     HAND_OVER_SECONDS = 1.0
 
+    def flush(self) -> None:
+        """Hand every event logged so far to the writer (before a checkpoint: a run killed after it resumes from
+        it, logging only the steps after)."""
+        self._hand_over()
+
     def _hand_over(self) -> None:
         """Give the writer every pending event, with the step and wall time it was logged at."""
         if not self._pending:
@@ -224,6 +229,9 @@ class NullLogger:
     """What processes other than the main one log to: nothing."""
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
+        pass
+
+    def flush(self) -> None:
         pass
 
     def log_config(self, config: dict[str, Any]) -> None:
@@ -355,6 +363,13 @@ class Loggers:
     def log_final(self, config: dict[str, Any], final_metrics: dict[str, float]) -> None:
         for sink in self.sinks:
             sink.log_final(config, final_metrics)
+
+    def flush(self) -> None:
+        """Every sink that holds logged metrics back (TensorBoardSink) hands them on now."""
+        for sink in self.sinks:
+            flush = getattr(sink, "flush", None)  # optional: a sink of your own needs only the four methods
+            if flush is not None:
+                flush()
 
     def close(self) -> None:
         """Close every sink, even after one failed; the first failure is raised."""

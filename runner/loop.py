@@ -282,6 +282,10 @@ class Loop:
             window = all_reduce_sum(self.running_loss.detach().clone()).item()
             if not math.isfinite(window):
                 self.nonfinite_loss(window)
+        if self.checkpointer.enabled and hasattr(self.logger, "flush"):
+            # What was logged up to this checkpoint reaches the sinks first: a run killed after it resumes from
+            # here and logs only the steps after.
+            self.logger.flush()
         metrics = self.step_metrics if self.step_metrics.get("step") == self.state.step else {}
         path = self.checkpointer.save(
             self.accelerator.unwrap_model(self.model), self.state_dict(), asdict(self.state),
