@@ -50,12 +50,12 @@ class _FileSink:
     """A write that fails (a full disk) raises WriteError naming the file; close() after that says nothing."""
 
     def __init__(self, run_dir: Path, name: str):
-        self._run_dir, self._name, self._failed = run_dir, name, False
+        self._path, self._name, self._failed = run_dir / name, name, False
 
     @contextmanager
     def _writing(self, what: str) -> Iterator[None]:
         try:
-            with write_failure(self._run_dir / self._name, what):
+            with write_failure(self._path, what):
                 yield
         except WriteError:
             self._failed = True
