@@ -304,6 +304,9 @@ class Accelerator(AcceleratorExtras):
         all-reduce (no_sync), while prepared optimizers and schedulers hold their step until the cycle ends. The
         last batch of a prepared DataLoader ends the cycle (sync_with_dataloader); sync_each_batch all-reduces
         every micro-batch and still steps once per cycle."""
+        if self.gradient_accumulation_steps == 1:  # every micro-batch ends its cycle: nothing to count or skip
+            self.shared.sync_gradients = True
+            return _NO_SYNC
         plugin = self.gradient_accumulation_plugin
         if plugin.sync_with_dataloader and self.shared.end_of_dataloader:
             self._micro_steps = 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import json
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,12 +50,12 @@ class _FileSink:
     """A write that fails (a full disk) raises WriteError naming the file; close() after that says nothing."""
 
     def __init__(self, run_dir: Path, name: str):
-        self._run_dir, self._name, self._failed = run_dir, name, False
+        self._path, self._name, self._failed = run_dir / name, name, False
 
     @contextmanager
     def _writing(self, what: str) -> Iterator[None]:
         try:
-            with write_failure(self._run_dir / self._name, what):
+            with write_failure(self._path, what):
                 yield
         except WriteError:
             self._failed = True
@@ -84,17 +85,46 @@ class TensorBoardSink(_FileSink):
         self._writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"),
                                      purge_step=start_step + 1 if resumed else None)
         self._run = run
+        self._pending: list = []  # events logged but not yet handed to the writer, oldest first
+        self._handed_at = 0.0  # time.monotonic() of the last hand-over
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         # One event holding all of the step's scalars, not one event each: without TensorFlow, TensorBoard
         # checksums every event in pure Python on its writer thread, ~80 us of CPU per event.
+        from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.compat.proto.summary_pb2 import Summary
 
         values = [Summary.Value(tag=name, simple_value=float(value)) for name, value in metrics.items()]
-        with self._writing(f"TensorBoard events at step {step}"):
-            self._writer.file_writer.add_summary(Summary(value=values), step)
+        self._pending.append(Event(summary=Summary(value=values), step=step, wall_time=time.time()))
+        # Each hand-over wakes the writer thread, which then trades the GIL with the training loop: ~10 futex
+        # calls an event. Events logged in quick succession go over together, as many as the writer's queue
+        # holds, none waiting longer than HAND_OVER_SECONDS; slower logging hands each over as it comes. On the
+        # tiny benchmark (0.3 ms steps, a log every 10) that took 217 futex calls a 200-step run down to 31, and
+        # ~19 us of CPU a step.
+        now = time.monotonic()
+        if len(self._pending) >= self.HAND_OVER_EVENTS or now - self._handed_at >= self.HAND_OVER_SECONDS:
+            self._hand_over()
+            self._handed_at = now
+
+    HAND_OVER_EVENTS = 10  # SummaryWriter's max_queue: a hand-over never waits for room in the queue
+    HAND_OVER_SECONDS = 1.0
+
+    def flush(self) -> None:
+        """Hand every event logged so far to the writer (before a checkpoint: a run killed after it resumes from
+        it, logging only the steps after)."""
+        self._hand_over()
+
+    def _hand_over(self) -> None:
+        """Give the writer every pending event, with the step and wall time it was logged at."""
+        if not self._pending:
+            return
+        events, self._pending = self._pending, []
+        with self._writing(f"TensorBoard events up to step {events[-1].step}"):
+            for event in events:
+                self._writer.file_writer.add_event(event, event.step, event.wall_time)
 
     def log_config(self, config: dict[str, Any]) -> None:
+        self._hand_over()
         self._writer.add_text("config", "```\n" + yaml.safe_dump(config, sort_keys=False) + "```", 0)
         lines = [f"**{self._run.name}**" if self._run.name else "",
                  f"tags: {', '.join(self._run.tags)}" if self._run.tags else "", self._run.notes or ""]
@@ -102,12 +132,14 @@ class TensorBoardSink(_FileSink):
             self._writer.add_text("run", "\n\n".join(line for line in lines if line), 0)
 
     def log_final(self, config: dict[str, Any], final_metrics: dict[str, float]) -> None:
+        self._hand_over()
         metrics = {f"hparam/{name}": value for name, value in final_metrics.items()}
         # run_name="." keeps them in this run's event file instead of a new timestamped subdirectory.
         self._writer.add_hparams(flatten_hparams(config), metrics, run_name=".")
 
     def close(self) -> None:
         with self._closing():
+            self._hand_over()
             self._writer.close()
 
 
@@ -197,6 +229,9 @@ class NullLogger:
     """What processes other than the main one log to: nothing."""
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
+        pass
+
+    def flush(self) -> None:
         pass
 
     def log_config(self, config: dict[str, Any]) -> None:
@@ -328,6 +363,13 @@ class Loggers:
     def log_final(self, config: dict[str, Any], final_metrics: dict[str, float]) -> None:
         for sink in self.sinks:
             sink.log_final(config, final_metrics)
+
+    def flush(self) -> None:
+        """Every sink that holds logged metrics back (TensorBoardSink) hands them on now."""
+        for sink in self.sinks:
+            flush = getattr(sink, "flush", None)  # optional: a sink of your own needs only the four methods
+            if flush is not None:
+                flush()
 
     def close(self) -> None:
         """Close every sink, even after one failed; the first failure is raised."""

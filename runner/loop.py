@@ -151,10 +151,11 @@ class Loop:
             self.running_loss.zero_()
             self.window_micro_batches = 0
         self.train_batches.set_epoch(self.state.epoch, start)
+        epoch_batches = self.steps_per_epoch * accumulate  # the tail after it cannot fill a whole accumulation cycle
         window_start = time.perf_counter()
         for index, batch in enumerate(self.train_batches, start=start):
-            if index >= self.steps_per_epoch * accumulate:
-                break  # the tail that cannot fill a whole accumulation cycle
+            if index >= epoch_batches:
+                break
             loss = self.micro_step(batch)
             # on_nonfinite=skip reads every loss (a sync per micro-batch); otherwise a NaN or inf propagates
             # into the window's sum, which is read at the log step anyway.
@@ -164,18 +165,19 @@ class Loop:
             if not self.accelerator.sync_gradients:
                 continue
             grad_norm = self.optimizer_step()
-            self.state.step += 1
-            self.state.batch_in_epoch = index + 1
+            state = self.state
+            step = state.step = state.step + 1
+            state.batch_in_epoch = index + 1
             self.progress.update()
-            if self.state.step % settings.log_every_steps == 0 or self.state.step == self.total_steps:
+            if step % settings.log_every_steps == 0 or step == self.total_steps:
                 self.log_train(self.window_micro_batches, window_start, grad_norm)
                 self.running_loss.zero_()
                 self.window_micro_batches, window_start = 0, time.perf_counter()
-            evaluated = bool(settings.eval_every_steps and self.state.step % settings.eval_every_steps == 0)
+            evaluated = bool(settings.eval_every_steps and step % settings.eval_every_steps == 0)
             if evaluated:
                 self.evaluate_and_log()
-            epoch_ends = index + 1 == self.steps_per_epoch * accumulate  # then fit() saves after the epoch
-            if not epoch_ends and self.state.step < self.total_steps and self.checkpointer.due(self.state.step, evaluated):
+            epoch_ends = index + 1 == epoch_batches  # then fit() saves after the epoch
+            if not epoch_ends and step < self.total_steps and self.checkpointer.due(step, evaluated):
                 self.save()
             self.callbacks.on_step_end(self)
             if self.stop.requested():
@@ -183,7 +185,7 @@ class Loop:
             if self.stop_reason is not None:
                 return  # a callback ended the run inside the epoch: it does not count as done
             if self.state.step >= self.total_steps:
-                if index + 1 < self.steps_per_epoch * accumulate:
+                if not epoch_ends:
                     return  # stopped inside the epoch: it does not count as done
                 break
         self.state.epoch += 1
@@ -282,6 +284,10 @@ class Loop:
             window = all_reduce_sum(self.running_loss.detach().clone()).item()
             if not math.isfinite(window):
                 self.nonfinite_loss(window)
+        if self.checkpointer.enabled and hasattr(self.logger, "flush"):
+            # What was logged up to this checkpoint reaches the sinks first: a run killed after it resumes from
+            # here and logs only the steps after.
+            self.logger.flush()
         metrics = self.step_metrics if self.step_metrics.get("step") == self.state.step else {}
         path = self.checkpointer.save(
             self.accelerator.unwrap_model(self.model), self.state_dict(), asdict(self.state),

@@ -19,6 +19,7 @@ AUTOCAST_DTYPES = {
 }
 FP8_MIN_CAPABILITY = (8, 9)  # Ada / Hopper: the first GPUs with fp8 tensor cores
 FP8_INSTALL = "pip install 'runner[fp8]' (torchao>=0.10)"
+_NO_AUTOCAST = nullcontext()  # reusable: fp32 enters it every micro-step, so no new object each time
 
 
 class Precision:
@@ -32,7 +33,7 @@ class Precision:
 
     def autocast(self):
         if self.autocast_dtype is None:
-            return nullcontext()
+            return _NO_AUTOCAST
         return torch.autocast(self.device_type, dtype=self.autocast_dtype)
 
     def make_scaler(self) -> torch.amp.GradScaler | None:

@@ -45,6 +45,40 @@ def test_tensorboard_gets_scalars_config_run_name_and_hparams(tmp_path):
     assert session.hparams["gpu_ids"].string_value == "None"
 
 
+def test_tensorboard_hands_quick_events_over_in_batches_and_every_one_arrives_with_its_step_and_time(
+        tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    import runner.loggers
+
+    sink = TensorBoardSink(tmp_path)
+    clock = SimpleNamespace(time=lambda: 1000.0, monotonic=lambda: 50.0)  # the sink's clock, not the writer's
+    monkeypatch.setattr(runner.loggers, "time", clock)
+    sink.log(1, {"train/loss": 1.0})  # the first event goes over at once: nothing was handed over before
+    clock.time = lambda: 2000.0
+    for step in range(2, 2 + TensorBoardSink.HAND_OVER_EVENTS - 1):  # quick succession: they wait
+        sink.log(step, {"train/loss": float(step)})
+    assert [event.step for event in sink._pending] == list(range(2, 1 + TensorBoardSink.HAND_OVER_EVENTS))
+    sink.log(20, {"train/loss": 20.0})  # the queue's worth: handed over together
+    assert sink._pending == []
+    sink.log(21, {"train/loss": 21.0})
+    clock.monotonic = lambda: 50.0 + TensorBoardSink.HAND_OVER_SECONDS  # a second on: the next one takes it along
+    sink.log(22, {"train/loss": 22.0})
+    assert sink._pending == []
+    sink.log(23, {"train/loss": 23.0})
+    sink.close()  # hands over what is left
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    scalars = events.Scalars("train/loss")
+    assert [(event.step, event.value) for event in scalars] == [
+        (1, 1.0), *[(step, float(step)) for step in range(2, 1 + TensorBoardSink.HAND_OVER_EVENTS)], (20, 20.0),
+        (21, 21.0), (22, 22.0), (23, 23.0)]
+    assert [event.wall_time for event in scalars] == [1000.0] + [2000.0] * (len(scalars) - 1)
+
+
 def test_csv_widens_its_header_for_a_new_metric_and_writes_hparams_with_final_metrics(tmp_path):
     sink = CsvSink(tmp_path)
     sink.log(1, {"train/loss": 2.0})
