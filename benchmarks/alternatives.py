@@ -27,6 +27,16 @@ def available(arms=ARMS) -> tuple[str, ...]:
     return tuple(arm for arm in arms if installed(arm))
 
 
+def interleaved(arms, index: int) -> list:
+    """The order of the arms in round `index`: rotated one place a round (A B C D, B C D A, C D A B, ...), so each arm
+    takes each place equally often and none runs twice in a row across a round's end. (Reversing every other round
+    would run the first and the last arm back to back, their caches still warm: a 4-arm MLP run read the plain loop
+    7% faster than every other arm that way.) With two arms this is A B, B A: each arm runs twice in a row once."""
+    arms = list(arms)
+    shift = index % len(arms)
+    return arms[shift:] + arms[:shift]
+
+
 def missing_note(arm: str) -> str:
     return f"{LABELS[arm]}: not measured ({FRAMEWORKS[arm]} is not installed: pip install -e '.[bench]')"
 

@@ -1,5 +1,5 @@
 """Checkpoint save/load time of a ~100M-parameter model with its AdamW state, against plain torch.save/torch.load
-of the same dicts and against Accelerate and Fabric, measured in the same process, interleaved (A B C D, D C B A).
+of the same dicts and against Accelerate and Fabric, measured in the same process, interleaved (A B C D, B C D A).
 
     python benchmarks/checkpoint.py [--params 100] [--repeats 3] [--dir /tmp/ckpt-bench] [--arms plain,runner]
 
@@ -87,7 +87,7 @@ def timed(fn, *args) -> float:
 
 
 def measure(million_params: int, repeats: int, directory: Path, arms: tuple[str, ...] = alternatives.ARMS) -> dict:
-    """Seconds per save and load for each arm, the arms interleaved (A B C D, D C B A, ...) over `repeats`."""
+    """Seconds per save and load for each arm, the arms interleaved (A B C D, B C D A, ...) over `repeats`."""
     import statistics
 
     model, optimizer = trained(million_params)
@@ -99,7 +99,7 @@ def measure(million_params: int, repeats: int, directory: Path, arms: tuple[str,
     times: dict[str, list[float]] = {f"{arm} {what}": [] for arm in measured for what in ("save", "load")}
     times.update({"runner save until sealed": [], "runner load, verify=false": []})
     for index in range(repeats):
-        for arm in measured if index % 2 == 0 else measured[::-1]:
+        for arm in alternatives.interleaved(measured, index):
             root = directory / arm
             shutil.rmtree(root, ignore_errors=True)
             os.sync()  # start each save with no dirty pages: else one arm pays for another's delayed writeback

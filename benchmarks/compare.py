@@ -35,11 +35,14 @@ COLUMNS = ("plain", "runner", "accelerate", "fabric")
 def measure(pairs: int, steps_scale: float, rounds: int, startup_pairs: int, dist_rounds: int, dist_steps: int,
             params: int, repeats: int, arms: tuple[str, ...] = alternatives.ARMS) -> dict:
     loops = overhead.run_benchmark(("mlp", "tiny", "startup"), pairs, steps_scale, startup_pairs, rounds, arms)
+    two = distributed.measure(dist_rounds, arms, extra_startup=False, steps=dist_steps)
+    # Last: writing GiBs of checkpoints can push the libraries out of the page cache, and a start-up that reads them
+    # back from disk measures the disk.
     with tempfile.TemporaryDirectory() as tmp:
         saves = checkpoint.measure(params, repeats, Path(tmp), arms)
     return {
         **loops,
-        "distributed": distributed.measure(dist_rounds, arms, extra_startup=False, steps=dist_steps),
+        "distributed": two,
         "checkpoint": saves,
         "machine": f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end",
     }

@@ -7,7 +7,7 @@ HuggingFace Accelerate and Lightning Fabric, measured in the same run.
 1. Throughput: 2 gloo processes train the runner's default workload (reverse 12 digits, small Transformer, AdamW,
    batch 32 per process) for 60 steps: `python -m runner hardware=multi_cpu` against benchmarks/plain_ddp.py under
    `torchrun --nproc_per_node 2`, by hand (DDP) and with `--framework accelerate|fabric` (what a user would pick
-   instead; skipped with a note where the bench extra is not installed), interleaved A B C D, D C B A. Steps/s come
+   instead; skipped with a note where the bench extra is not installed), interleaved A B C D, B C D A, .... Steps/s come
    from the logging windows after the first (every arm reads the loss once per 10-step window); each arm's ratio is
    to the plain arm of the same round. Because wall time on a shared machine moves with other people's jobs, the
    workers' CPU seconds per step (user + system, all threads, read from /proc between the first and the last
@@ -146,11 +146,6 @@ def arms_at_two(start_method: str = "auto") -> dict:
     }
 
 
-def interleaved(arms: list[str], index: int) -> list[str]:
-    """A B C D, then D C B A: a steady drift in the machine's load hits every arm alike over two rounds."""
-    return arms if index % 2 == 0 else arms[::-1]
-
-
 # Start-up only: what the start method and the process count cost the runner, against torchrun + the plain script.
 EXTRA_STARTUP = {
     "runner, 1 process": lambda out: (runner_command(out, 1, "auto", 1, 1), runner_first_step),
@@ -184,7 +179,7 @@ def measure(rounds: int, arms: tuple[str, ...] = alternatives.ARMS, extra_startu
                 command, done = two[arm][0](work / f"warmup-{arm}", 1, 1), two[arm][1]
                 run(command, work / f"warmup-{arm}", done)
             for index in range(rounds):
-                for arm in interleaved(measured, index):
+                for arm in alternatives.interleaved(measured, index):
                     command, done, progress, read_rate = two[arm]
                     out = work / f"tp-{arm}-{index}"
                     _, cpu_per_step = run(command(out, steps, LOG_EVERY), out, done, progress, steps)
@@ -192,7 +187,7 @@ def measure(rounds: int, arms: tuple[str, ...] = alternatives.ARMS, extra_startu
                     cpu[arm].append(cpu_per_step)
                     if arm != "runner":
                         assert json.loads((out / "result.json").read_text())["replicas_equal"], arm
-                for arm in interleaved(measured, index + 1):
+                for arm in alternatives.interleaved(measured, index + 1):
                     command, done = two[arm][0], two[arm][1]
                     out = work / f"start-{arm}-{index}"
                     first_step[arm].append(run(command(out, 1, 1), out, done)[0])

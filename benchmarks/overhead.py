@@ -7,7 +7,7 @@ data path, start-up time.
 
 The training loops run four arms on the same work: the plain hand-written loop, the runner's own loop, and the same
 plain loop on HuggingFace Accelerate and on Lightning Fabric (benchmarks/alternatives.py; skipped with a note where
-the bench extra is not installed). The arms are timed in alternation, A B C D, D C B A, ..., and each arm's per-pair
+the bench extra is not installed). The arms are timed in alternation, A B C D, B C D A, ..., and each arm's per-pair
 ratio to the plain arm of the same pair is reported as median and spread [min .. max]: on a machine shared with
 other jobs absolute timings drift by 2x and more, but runs that follow each other see nearly the same load. For the
 training loops, which is fairer: a fresh process per arm, or one process running every arm after a warm-up? A fresh
@@ -275,8 +275,9 @@ def alternate(arms: list[tuple], workload: Workload, pairs: int, steps: int, war
     """Per-step times of several arms, each (loop, malloc) in its own process, timed in alternation: one list of
     per-pair {"wall", "cpu"} seconds per arm.
 
-    A pair is `rounds` rounds of steps/rounds steps per arm, ordered A B C, C B A, A B C, ...: short, interleaved
-    runs see nearly the same load from the machine's other jobs, and the reversed order cancels a steady drift."""
+    A pair is `rounds` rounds of steps/rounds steps per arm, in alternatives.interleaved's order (A B C, B C A,
+    C A B, ...): short, interleaved runs see nearly the same load from the machine's other jobs, and the rotation
+    cancels a steady drift."""
     per_round = max(2, steps // rounds)
     processes = [Arm(loop, workload, per_round, warmup, malloc) for loop, malloc in arms]
     try:
@@ -286,8 +287,7 @@ def alternate(arms: list[tuple], workload: Workload, pairs: int, steps: int, war
         for _ in range(pairs):
             totals = [{"wall": 0.0, "cpu": 0.0} for _ in processes]
             for index in range(rounds):
-                order = range(len(processes)) if index % 2 == 0 else reversed(range(len(processes)))
-                for which in order:
+                for which in alternatives.interleaved(range(len(processes)), index):
                     measured = processes[which].run()
                     totals[which] = {clock: totals[which][clock] + measured[clock] / rounds for clock in measured}
             for which, total in enumerate(totals):
