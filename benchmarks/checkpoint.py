@@ -31,6 +31,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' own modules, when loaded by path
 import alternatives  # noqa: E402
+from overhead import parse_names  # noqa: E402
 from runner.checkpoint import Checkpointer, find_resume, restore  # noqa: E402
 from runner.config import CheckpointConfig, MonitorMode  # noqa: E402
 
@@ -163,10 +164,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--arms", default=",".join(alternatives.ARMS),
                         help=f"comma-separated subset of {','.join(alternatives.ARMS)} (runner and plain always)")
     args = parser.parse_args(argv)
-    arms = ("plain", "runner", *(name.strip() for name in args.arms.split(",") if name.strip()))
-    unknown = sorted(set(arms) - set(alternatives.ARMS))
-    if unknown:
-        parser.error(f"--arms: unknown name(s) {', '.join(unknown)}; choose from {', '.join(alternatives.ARMS)}")
+    arms = ("plain", "runner", *parse_names(parser, "--arms", args.arms, alternatives.ARMS))
     print(report(measure(args.params, args.repeats, args.dir, tuple(dict.fromkeys(arms)))))
 
 

@@ -28,6 +28,7 @@ import alternatives  # noqa: E402
 import checkpoint  # noqa: E402
 import distributed  # noqa: E402
 import overhead  # noqa: E402
+from overhead import _range  # noqa: E402
 
 COLUMNS = ("plain", "runner", "accelerate", "fabric")
 
@@ -46,10 +47,6 @@ def measure(pairs: int, steps_scale: float, rounds: int, startup_pairs: int, dis
         "checkpoint": saves,
         "machine": f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end",
     }
-
-
-def _range(stats: dict, fmt: str, suffix: str = "") -> str:
-    return f"{stats['median']:{fmt}}{suffix} [{stats['min']:{fmt}} .. {stats['max']:{fmt}}]"
 
 
 def table(results: dict) -> str:

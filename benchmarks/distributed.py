@@ -36,6 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' own modules, when loaded by path
 import alternatives  # noqa: E402
+from overhead import _range, parse_names, spread  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BATCH, ROWS, STEPS, LOG_EVERY = 32, 4096, 60, 10
@@ -154,10 +155,6 @@ EXTRA_STARTUP = {
 }
 
 
-def spread(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def measure(rounds: int, arms: tuple[str, ...] = alternatives.ARMS, extra_startup: bool = True,
             steps: int = STEPS) -> dict:
     """Every arm's 2-process steps/s, worker CPU seconds per step and seconds to its first optimizer step, the arms
@@ -217,10 +214,6 @@ def measure(rounds: int, arms: tuple[str, ...] = alternatives.ARMS, extra_startu
     }
 
 
-def _range(stats: dict, fmt: str) -> str:
-    return f"{stats['median']:{fmt}} [{stats['min']:{fmt}} .. {stats['max']:{fmt}}]"
-
-
 LABELS = {"plain": "plain DDP script, torchrun", "runner": "runner, hardware=multi_cpu",
           "accelerate": "the script on Accelerate, torchrun", "fabric": "the script on Fabric, torchrun"}
 
@@ -253,10 +246,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--arms", default=",".join(alternatives.ARMS),
                         help=f"comma-separated subset of {','.join(alternatives.ARMS)} (plain is always measured)")
     args = parser.parse_args(argv)
-    arms = tuple(name.strip() for name in args.arms.split(",") if name.strip())
-    unknown = sorted(set(arms) - set(alternatives.ARMS))
-    if unknown:
-        parser.error(f"--arms: unknown name(s) {', '.join(unknown)}; choose from {', '.join(alternatives.ARMS)}")
+    arms = parse_names(parser, "--arms", args.arms, alternatives.ARMS)
     env_note = f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start"
     print(report(measure(args.rounds, arms, steps=args.steps), args.rounds, env_note))
 
