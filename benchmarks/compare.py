@@ -1,7 +1,7 @@
 """One table: the plain PyTorch loop, the runner, HuggingFace Accelerate and Lightning Fabric on the same work, in the
 same run. Each row comes from the benchmark that owns it, with that benchmark's interleaving and pairing:
 
-    python benchmarks/compare.py            # about 15 minutes on 2 cores
+    python benchmarks/compare.py            # about 6 minutes on 2 cores
     python benchmarks/compare.py --quick    # a few minutes, noisier
 
 - per-step overhead and steps/s: benchmarks/overhead.py's loop arms (tiny Linear, small MLP), CPU time;
