@@ -194,11 +194,10 @@ def single_process() -> bool:
     every collective silently act on this process's data alone: that is an error, not a single process."""
     if torch_dist.is_initialized():
         return False
-    # Asked at every log step: one variable read, the whole DistInfo only for the error.
-    if int(os.environ.get("WORLD_SIZE", 1)) > 1:
+    info = DistInfo.from_env()
+    if info.is_distributed:
         from runner.errors import LaunchError
 
-        info = DistInfo.from_env()
         raise LaunchError(
             f"this is process {info.rank} of {info.world_size} (WORLD_SIZE is set), but it has not joined the process "
             "group, so a collective would act on this process's data alone; create a runner.Accelerator() first "

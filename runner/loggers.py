@@ -101,10 +101,8 @@ class TensorBoardSink(_FileSink):
         # holds, none waiting longer than HAND_OVER_SECONDS; slower logging hands each over as it comes. On the
         # tiny benchmark (0.3 ms steps, a log every 10) that took 217 futex calls a 200-step run down to 31, and
         # ~19 us of CPU a step.
-        now = time.monotonic()
-        if len(self._pending) >= self.HAND_OVER_EVENTS or now - self._handed_at >= self.HAND_OVER_SECONDS:
+        if len(self._pending) >= self.HAND_OVER_EVENTS or time.monotonic() - self._handed_at >= self.HAND_OVER_SECONDS:
             self._hand_over()
-            self._handed_at = now
 
     HAND_OVER_EVENTS = 10  # SummaryWriter's max_queue: a hand-over never waits for room in the queue
     HAND_OVER_SECONDS = 1.0
@@ -118,7 +116,7 @@ class TensorBoardSink(_FileSink):
         """Give the writer every pending event, with the step and wall time it was logged at."""
         if not self._pending:
             return
-        events, self._pending = self._pending, []
+        events, self._pending, self._handed_at = self._pending, [], time.monotonic()
         with self._writing(f"TensorBoard events up to step {events[-1].step}"):
             for event in events:
                 self._writer.file_writer.add_event(event, event.step, event.wall_time)

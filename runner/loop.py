@@ -284,7 +284,7 @@ class Loop:
             window = all_reduce_sum(self.running_loss.detach().clone()).item()
             if not math.isfinite(window):
                 self.nonfinite_loss(window)
-        if self.checkpointer.enabled and hasattr(self.logger, "flush"):
+        if self.checkpointer.enabled and hasattr(self.logger, "flush"):  # optional, as for a sink of your own
             # What was logged up to this checkpoint reaches the sinks first: a run killed after it resumes from
             # here and logs only the steps after.
             self.logger.flush()
