@@ -121,17 +121,22 @@ def test_every_runner_module_imports_without_posix_only_modules():
 
 def test_the_accelerator_alone_imports_nothing_a_hand_written_loop_does_not_use():
     """`from runner import Accelerator` in a plain script: no Hydra, OmegaConf, YAML, datasets, TensorBoard or
-    safetensors (each costs start-up time; a loop that saves state imports safetensors then)."""
+    safetensors (each costs start-up time; a loop that saves state imports safetensors then), and of the runner's
+    own data package only the batch sources it hands out."""
     probe = (
         "import sys, torch, torch.utils.data\n"
         "before = set(sys.modules)\n"
         "from runner import Accelerator, DataLoaderConfiguration\n"
         "accelerator = Accelerator(cpu=True)\n"
         "model = accelerator.prepare(torch.nn.Linear(2, 1))\n"
-        "print(' '.join(sorted({name.split('.')[0] for name in set(sys.modules) - before})))\n"
+        "new = set(sys.modules) - before\n"
+        "print(' '.join(sorted({name.split('.')[0] for name in new})))\n"
+        "print(' '.join(sorted(name for name in new if name.startswith('runner.data.'))))\n"
     )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert result.returncode == 0, result.stderr
-    imported = set(result.stdout.split())
+    top_level, data_modules = result.stdout.splitlines()
+    imported = set(top_level.split())
+    assert data_modules.split() == ["runner.data.batches"], data_modules
     heavy = {"hydra", "omegaconf", "yaml", "datasets", "tensorboard", "safetensors", "pyarrow", "pandas", "tqdm"}
     assert imported & heavy == set(), imported

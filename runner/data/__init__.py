@@ -1,11 +1,30 @@
-"""Dataset factories (each returns a datasets.DatasetDict with train and validation) and batch sources."""
+"""Dataset factories (each returns a datasets.DatasetDict with train and validation) and batch sources.
 
-from runner.data.batches import ArrowBatches, TensorBatches, make_batches
-from runner.data.generated import digit_sequences
-from runner.data.images import digits_images, image_folder, image_parquet
-from runner.data.tabular import hub, local_files, sklearn_digits
-from runner.data.text import text_files
-from runner.data.text_classification import text_classification
+Each name is imported on first use (PEP 562): `runner.Accelerator` reaches `runner.data.batches` only, and a
+hand-written script on it should not pay for the image, table and text factories it never calls.
+"""
 
-__all__ = ["ArrowBatches", "TensorBatches", "make_batches", "digit_sequences", "hub", "local_files", "sklearn_digits",
-           "text_files", "digits_images", "image_folder", "image_parquet", "text_classification"]
+from importlib import import_module
+
+_HOMES = {
+    "ArrowBatches": "batches", "TensorBatches": "batches", "make_batches": "batches",
+    "digit_sequences": "generated",
+    "digits_images": "images", "image_folder": "images", "image_parquet": "images",
+    "hub": "tabular", "local_files": "tabular", "sklearn_digits": "tabular",
+    "text_files": "text",
+    "text_classification": "text_classification",
+}
+
+__all__ = list(_HOMES)
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module 'runner.data' has no attribute {name!r}")
+    value = getattr(import_module(f"runner.data.{_HOMES[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOMES))
