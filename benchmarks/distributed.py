@@ -167,7 +167,8 @@ def measure(rounds: int, arms: tuple[str, ...] = alternatives.ARMS, extra_startu
     startup = {name: [] for name in EXTRA_STARTUP} if extra_startup else {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        saved = {key: os.environ.get(key) for key in ("HF_DATASETS_CACHE", "PYTHONPATH")}
+        saved = {key: os.environ.get(key) for key in ("HF_DATASETS_CACHE", "PYTHONPATH", "PYTHONDONTWRITEBYTECODE")}
+        os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # see overhead.caching_bytecode
         os.environ["HF_DATASETS_CACHE"] = str(work / "hf")
         os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
         try:
