@@ -6,16 +6,19 @@ hand-written script on it should not pay for the image, table and text factories
 
 from importlib import import_module
 
+# Imported at once: the function shares its module's name, and importing a submodule (as Hydra's target lookup or
+# the preflight check may, at any time) sets the package attribute to the module, which would then hide it.
+from runner.data.text_classification import text_classification
+
 _HOMES = {
     "ArrowBatches": "batches", "TensorBatches": "batches", "make_batches": "batches",
     "digit_sequences": "generated",
     "digits_images": "images", "image_folder": "images", "image_parquet": "images",
     "hub": "tabular", "local_files": "tabular", "sklearn_digits": "tabular",
     "text_files": "text",
-    "text_classification": "text_classification",
 }
 
-__all__ = list(_HOMES)
+__all__ = [*_HOMES, "text_classification"]
 
 
 def __getattr__(name: str):
@@ -27,4 +30,4 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_HOMES))
+    return sorted(set(globals()) | set(__all__))
