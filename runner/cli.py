@@ -35,6 +35,7 @@ from runner.launch import launch
 from runner.paths import config_dir
 from runner.plan import batch_plan
 from runner.report import finished_result
+from runner.shutdown import skip_collection_at_exit
 from runner.signals import stop_during_startup
 
 log = logging.getLogger("runner")
@@ -78,6 +79,7 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(code)
         return
     no_stray_tracebacks()
+    skip_collection_at_exit()
     adopt_slurm_tasks()  # srun's tasks become the ranks before anything reads RANK (the run dir, the lock)
     parser = get_args_parser()
     args = parser.parse_intermixed_args(arguments)  # `k=v -cd DIR k=v` as well as options first

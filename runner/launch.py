@@ -113,8 +113,10 @@ def main(argv: list[str] | None = None) -> None:
     from runner.cli import load
     from runner.dist import adopt_slurm_tasks
     from runner.errors import RunnerError, no_stray_tracebacks
+    from runner.shutdown import skip_collection_at_exit
 
     no_stray_tracebacks()
+    skip_collection_at_exit()
     adopt_slurm_tasks()
     overrides, command = split_command(sys.argv[1:] if argv is None else argv)
     if not command or command == ["-m"]:

@@ -33,6 +33,7 @@ from runner.failures import FAILURE_ATTRIBUTE, PeerLost, mark_step, worker_failu
 from runner.loop import is_finished
 from runner.parallel import unused_parameters_hint
 from runner.peers import NoPeers, Peers
+from runner.shutdown import skip_collection_at_exit
 from runner.signals import stop_during_startup
 from runner.wiring import Parts, build_parts, make_loop
 
@@ -173,6 +174,7 @@ def run_spawned(spec: RunSpec) -> dict[str, float]:
     dist = DistInfo.from_env()
     exit_with_parent()
     no_stray_tracebacks()
+    skip_collection_at_exit()
     _log_to_rank_file(Path(spec.run_dir) / f"runner_rank{dist.rank}.log", console=dist.rank == 0)
     signal.signal(signal.SIGINT, _interrupt_once)
     try:
