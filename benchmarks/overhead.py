@@ -512,31 +512,41 @@ def startup(pairs: int, arms: tuple[str, ...] = alternatives.ARMS) -> dict:
         # A private datasets cache, warmed by the first (unmeasured) run, so no run here generates data.
         env = caching_bytecode({**os.environ, "HF_DATASETS_CACHE": str(Path(tmp) / "hf_cache")})
 
-        def run(command: list[str], name: str) -> tuple[float, subprocess.CompletedProcess]:
+        def run(command: list[str], name: str) -> tuple[float, float, subprocess.CompletedProcess]:
             started = time.time()
             result = subprocess.run(command, cwd=tmp, env=env, capture_output=True, text=True)
             if result.returncode != 0:
                 raise RuntimeError(f"{name} failed:\n{result.stderr[-3000:]}")
-            return started, result
+            return started, time.time(), result
 
-        def runner_once(index: int) -> tuple[float, float]:
+        def runner_once(index: int) -> tuple[float, float, float]:
+            """(to the first step, to the worker, from the run's last write to the process's exit)"""
             run_dir = Path(tmp) / f"run{index}"
-            started, _ = run([sys.executable, "-m", "runner", *RUNNER_FIRST_STEP, f"hydra.run.dir={run_dir}"], "runner")
+            started, ended, _ = run([sys.executable, "-m", "runner", *RUNNER_FIRST_STEP, f"hydra.run.dir={run_dir}"],
+                                    "runner")
             worker_start, first_step = first_step_times(run_dir)
-            return first_step - started, worker_start - started
+            last_write = max(path.stat().st_mtime for path in run_dir.rglob("*") if path.is_file())
+            return first_step - started, worker_start - started, ended - last_write
 
         def plain_once(script: str) -> float:
-            started, result = run([sys.executable, "-c", script], "plain script")
-            return float(result.stdout.split()[-1]) - started
+            return plain_timed(script)[0]
+
+        def plain_timed(script: str) -> tuple[float, float]:
+            """(seconds to the first step; from it, the script's last work, to the process's exit)"""
+            started, ended, result = run([sys.executable, "-c", script], "plain script")
+            first_step = float(result.stdout.split()[-1])
+            return first_step - started, ended - first_step
 
         # Warm the datasets cache and the OS file cache, the frameworks' files included.
         runner_once(-1), plain_once(PLAIN_WITH_LIBRARIES), [plain_once(script) for script in scripts.values()]
-        runner_s, to_worker_s, plain_s, libraries_s = [], [], [], []
+        runner_s, to_worker_s, plain_s, libraries_s, runner_exit_s, libraries_exit_s = [], [], [], [], [], []
         on: dict[str, list[float]] = {arm: [] for arm in scripts}
         for index in range(pairs):
-            total, to_worker = runner_once(index)
-            runner_s.append(total), to_worker_s.append(to_worker)
-            plain_s.append(plain_once(PLAIN_FIRST_STEP)), libraries_s.append(plain_once(PLAIN_WITH_LIBRARIES))
+            total, to_worker, exit_s = runner_once(index)
+            runner_s.append(total), to_worker_s.append(to_worker), runner_exit_s.append(exit_s)
+            plain_s.append(plain_once(PLAIN_FIRST_STEP))
+            total, exit_s = plain_timed(PLAIN_WITH_LIBRARIES)
+            libraries_s.append(total), libraries_exit_s.append(exit_s)
             for arm, script in scripts.items():
                 on[arm].append(plain_once(script))
     return {
@@ -546,6 +556,9 @@ def startup(pairs: int, arms: tuple[str, ...] = alternatives.ARMS) -> dict:
         "runner_to_worker_s": spread(to_worker_s),
         "added_s": spread([r - p for r, p in zip(runner_s, plain_s)]),
         "added_own_s": spread([r - p for r, p in zip(runner_s, libraries_s)]),
+        # Stopping: from the last thing each wrote (the runner: any file in its run dir) to its process's exit.
+        "runner_exit_s": spread(runner_exit_s),
+        "plain_with_libraries_exit_s": spread(libraries_exit_s),
         "script_on": {arm: {"s": spread(times), "ratio": spread([t / p for t, p in zip(times, plain_s)])}
                       for arm, times in on.items()},
         "missing": [alternatives.missing_note(arm) for arm in arms if not alternatives.installed(arm)],
@@ -597,6 +610,9 @@ def verdicts(results: dict) -> list[str]:
                                       "libraries)")
         lines.append(f"INFO startup: in all the runner starts {_range(added, '+.2f')} s later than a plain script "
                      "that imports only torch (the rest is importing datasets/pandas, hydra and tensorboard)")
+        lines.append(f"INFO stopping: the runner exits {_range(results['startup']['runner_exit_s'], '.2f')} s after "
+                     "its last write; the plain script importing the same libraries "
+                     f"{_range(results['startup']['plain_with_libraries_exit_s'], '.2f')} s after its first step")
         on_accelerator = results["startup"]["script_on"].get("runner")
         if on_accelerator:
             ratio = on_accelerator["ratio"]
@@ -649,6 +665,9 @@ def report(results: dict, pairs: int) -> str:
         to_worker = f"(runner: process start to worker {row['runner_to_worker_s']['median']:.2f} s)"
         out.append(f"  {'plain script + the runner libraries':42} {row['plain_with_libraries_s']['median']:14.2f} "
                    f"{to_worker:>46}")
+        out.append(f"  {'last write to process exit (stopping)':42} "
+                   f"{_range(row['plain_with_libraries_exit_s'], '.2f'):>14} {_range(row['runner_exit_s'], '.2f'):>15}"
+                   "   (plain: the script importing the runner's libraries)")
         for arm, stats in row["script_on"].items():
             label = "runner.Accelerator" if arm == "runner" else alternatives.LABELS[arm]
             out.append(f"  {'plain script on ' + label:42} {stats['s']['median']:14.2f} {'':15} "

@@ -107,7 +107,8 @@ def test_data_path_and_startup_sections(results):
             assert_spread(data[name][key])
     assert data["arrow"]["vs_tensors"] > 0
     startup = results["startup"]
-    for key in ("plain_s", "plain_with_libraries_s", "runner_s", "runner_to_worker_s", "added_s", "added_own_s"):
+    for key in ("plain_s", "plain_with_libraries_s", "runner_s", "runner_to_worker_s", "added_s", "added_own_s",
+                "runner_exit_s", "plain_with_libraries_exit_s"):
         assert_spread(startup[key])
     # The raw script on runner.Accelerator, on Accelerate and on Fabric, each against the raw script.
     assert tuple(startup["script_on"]) == ("runner", "accelerate", "fabric") and startup["missing"] == []
@@ -116,6 +117,9 @@ def test_data_path_and_startup_sections(results):
         assert stats["ratio"]["median"] > 0
     # The worker starts after the process does and before the first optimizer step.
     assert 0 < startup["runner_to_worker_s"]["median"] < startup["runner_s"]["median"]
+    # Every process outlives its last write, and the runner's exit skips the collector (runner/shutdown.py).
+    assert 0 < startup["runner_exit_s"]["median"] < startup["runner_s"]["median"]
+    assert 0 < startup["plain_with_libraries_exit_s"]["median"]
 
 
 def test_report_has_a_row_per_arm_and_a_verdict_per_target(results):
@@ -133,7 +137,8 @@ def test_report_has_a_row_per_arm_and_a_verdict_per_target(results):
     assert "target <= +0.05 ms" in verdicts[0] and "target >= 0.9x" in verdicts[1]
     assert "target <= +0.3 s" in verdicts[3] and "target <= 1.02x" in verdicts[4]
     infos = [line.split(" ", 2)[1] for line in lines if line.startswith("INFO ")]
-    assert infos == ["malloc/tiny:", "data/index_select:", "data/arrow:", "startup:"]
+    assert infos == ["malloc/tiny:", "data/index_select:", "data/arrow:", "startup:", "stopping:"]
+    assert any(line.startswith("  last write to process exit (stopping) ") for line in lines)
 
 
 def test_an_arm_whose_package_is_missing_is_skipped_with_a_note(monkeypatch):
