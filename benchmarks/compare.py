@@ -67,6 +67,8 @@ def table(results: dict) -> str:
     rows.append(("start-up of `python -m runner`, s (plain: the script importing the same libraries)", {
         "plain": _range(start["plain_with_libraries_s"], ".2f"),
         "runner": f"{_range(start['runner_s'], '.2f')}, {_range(start['added_own_s'], '+.2f')} s"}))
+    rows.append(("stopping: last write to process exit, s (plain: that script, after its first step)", {
+        "plain": _range(start["plain_with_libraries_exit_s"], ".2f"), "runner": _range(start["runner_exit_s"], ".2f")}))
     two = results["distributed"]["arms"]
     rows.append(("2 processes, steps/s, reverse-digits Transformer (others: x plain DDP under torchrun)", {
         arm: f"{stats['steps_per_s']['median']:.1f} steps/s" if arm == "plain" else _range(stats["ratio"], ".3f")

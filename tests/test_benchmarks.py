@@ -195,11 +195,11 @@ def test_the_table_has_a_column_per_arm_and_a_row_per_measure(results, distribut
     rows = [line.split(" | ") for line in lines[2:]]
     assert [row[0].split(",")[0] for row in rows] == [
         "| per-step time", "| steps/s", "| start-up of a script to its first step", "| start-up of `python -m runner`",
-        "| 2 processes", "| 2 processes", "| checkpoint save", "| checkpoint load"]
+        "| stopping: last write to process exit", "| 2 processes", "| 2 processes", "| checkpoint save", "| checkpoint load"]
     assert all(len(row) == 5 for row in rows)
-    # A figure in every cell but the CLI start-up row's framework cells, which have no such command.
+    # A figure in every cell but the CLI start-up and stopping rows' framework cells, which have no such command.
     for row in rows:
         cells = [cell.strip(" |") for cell in row[1:]]
-        figures = cells[:2] if "python -m runner" in row[0] else cells
+        figures = cells[:2] if "python -m runner" in row[0] or "stopping" in row[0] else cells
         assert all(cell and cell[0] in "+-0123456789" for cell in figures), row
     assert rows[0][1].endswith(" ms") and rows[0][2].startswith(("+", "-"))
