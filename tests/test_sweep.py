@@ -169,6 +169,8 @@ def test_a_search_under_torchrun_is_refused(tmp_path):
                      args=("-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"))
     assert result.returncode != 0
     message = "runner: error: hydra.sweeper: a search (OptunaSweeper) cannot run under torchrun"
-    assert result.output.count(message) == 2, result.output  # each rank refuses before sampling anything
+    # Each rank refuses before sampling anything; the first to exit makes torchrun SIGTERM the other, which may not
+    # have printed yet (more so since a runner process exits at once, runner/shutdown.py).
+    assert result.output.count(message) >= 1, result.output
     assert "each rank would sample its own hyperparameters" in result.output
     assert not (tmp_path / "outputs").exists()
