@@ -220,9 +220,11 @@ def run_task(cfg: DictConfig, run_dir: rundir.RunDir | None = None) -> float:
                              done.monitor, done.value)
                     return done.value
             spec = preflight(spec)
-        started = time.perf_counter()
-        log.info("run dir: %s (follow it live: tensorboard --logdir %s)", run_dir.path, run_dir.path)
-        final = launch(spec)
+            # Still inside: the worker installs its own start-up handler, and a stop signal in between (right after
+            # preflight wrote config.yaml) would otherwise meet the default one and kill the process unreported.
+            started = time.perf_counter()
+            log.info("run dir: %s (follow it live: tensorboard --logdir %s)", run_dir.path, run_dir.path)
+            final = launch(spec)
         value = monitored_value(final, spec.config.trainer.monitor)
     except RunnerError as err:
         err = with_recipe(with_sources(err, cfg), hydra.runtime.choices, _task_overrides(hydra))

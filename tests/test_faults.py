@@ -142,6 +142,20 @@ def test_a_sigterm_during_start_up_exits_75_saying_nothing_was_trained(tmp_path)
     assert "Traceback" not in out + err
 
 
+def test_a_sigterm_between_preflight_and_the_worker_is_reported_too(tmp_path):
+    """The signal lands after preflight wrote config.yaml and before the worker installs its own handler (the
+    moment the test above waits for): still exit 75 and one line, never the default action's silent death."""
+    probe = ("import os, signal, sys\n"
+             "import runner.cli as cli\n"
+             "cli.launch = lambda spec: os.kill(os.getpid(), signal.SIGTERM) or {}\n"
+             "cli.main(sys.argv[1:])\n")
+    done = subprocess.run([sys.executable, "-c", probe, *SMALL, f"hydra.run.dir={tmp_path}/run"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 75, done.stderr[-2000:]
+    assert "runner: stopped by SIGTERM before training started; nothing was trained or saved" in done.stderr
+    assert (tmp_path / "run" / "config.yaml").is_file() and "Traceback" not in done.stdout + done.stderr
+
+
 def test_a_hung_rank_is_named_as_the_hung_rank_within_the_timeout(tmp_path):
     result = run_cli(*FORK, *SMALL, *FAULTY, "+model.hang_rank=1", "+model.hang_at_forward=3",
                      "hardware.timeout_s=6", cwd=tmp_path, env=HELPERS_ENV, timeout=120)
