@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' own modules, when loaded by path
 import alternatives  # noqa: E402
-from overhead import _range, parse_names, spread  # noqa: E402
+from overhead import _range, caching_bytecode, parse_names, spread  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BATCH, ROWS, STEPS, LOG_EVERY = 32, 4096, 60, 10
@@ -167,8 +167,10 @@ def measure(rounds: int, arms: tuple[str, ...] = alternatives.ARMS, extra_startu
     startup = {name: [] for name in EXTRA_STARTUP} if extra_startup else {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        saved = {key: os.environ.get(key) for key in ("HF_DATASETS_CACHE", "PYTHONPATH", "PYTHONDONTWRITEBYTECODE")}
-        os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # see overhead.caching_bytecode
+        uncached = set(os.environ) - set(caching_bytecode(dict(os.environ)))  # what keeps bytecode from caching
+        saved = {key: os.environ.get(key) for key in ("HF_DATASETS_CACHE", "PYTHONPATH", *uncached)}
+        for key in uncached:
+            del os.environ[key]
         os.environ["HF_DATASETS_CACHE"] = str(work / "hf")
         os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
         try:
