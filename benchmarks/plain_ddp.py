@@ -89,7 +89,9 @@ def main() -> None:
         model, optimizer = framework.setup(model, optimizer)
     backward = framework.backward if framework is not None else (lambda loss: loss.backward())
 
-    (args.out / f"pid_{rank}").write_text(str(os.getpid()))  # the benchmark reads this worker's CPU time
+    # The benchmark reads this worker's CPU time; renamed into place, so its poll never reads a half-written file.
+    (args.out / f".pid_{rank}").write_text(str(os.getpid()))
+    (args.out / f".pid_{rank}").replace(args.out / f"pid_{rank}")
     order = torch.randperm(args.rows, generator=torch.Generator().manual_seed(0))[rank::world]
     windows, running, start = [], torch.zeros(()), time.perf_counter()
     for step in range(1, args.steps + 1):
