@@ -69,6 +69,10 @@ def evaluate(accelerator, model, batches, task, limit: int | None = None) -> dic
         for batch in batches if limit is None else itertools.islice(batches, limit):
             for name, value in task.evaluation_stats(model, batch).items():
                 totals[name] = totals[name] + value if name in totals else value
+        if batch is None:  # this process's shard is empty (fewer rows than processes): zero stats, same keys
+            batch = batches.stand_in()
+            totals = {name: torch.zeros_like(value) for name, value in task.evaluation_stats(model, batch).items()}
+            extra = max(extra - 1, 0)  # that forward was one of those FSDP needed
         for _ in range(extra):
             task.evaluation_stats(model, batch)
     model.train()

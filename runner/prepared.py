@@ -186,6 +186,9 @@ class DeviceBatches:
         for batch in self.batches:
             yield tree_map(lambda tensor: tensor.to(self.device, non_blocking=True), batch)
 
+    def stand_in(self) -> Any:
+        return tree_map(lambda tensor: tensor.to(self.device), self.batches.stand_in())
+
 
 def tree_map(fn, obj: Any) -> Any:
     """Apply fn to every tensor in a batch: a tensor, or any nesting of dicts, lists, tuples, namedtuples and

@@ -54,14 +54,14 @@ class Xla:
 
     def loader(self, batches, device: torch.device) -> "XlaBatches":
         """Batches moved to the XLA device by background threads, overlapping transfer and compute."""
-        return XlaBatches(batches, self.parallel_loader.MpDeviceLoader(batches, device))
+        return XlaBatches(batches, self.parallel_loader.MpDeviceLoader(batches, device), device)
 
 
 class XlaBatches(DeviceBatches):
     """torch_xla's device loader, keeping the batch source's `len` and `set_epoch` that the loop relies on."""
 
-    def __init__(self, batches, device_loader):
-        super().__init__(batches, device=None)
+    def __init__(self, batches, device_loader, device: torch.device):
+        super().__init__(batches, device)
         self.device_loader = device_loader
 
     def __iter__(self):

@@ -15,9 +15,11 @@ from torch import nn
 
 from runner.accelerator import Accelerator
 from runner.checkpoint import sharded
+from runner.data.batches import TensorBatches
 from runner.config import ActivationCheckpointingConfig, CompileConfig, ParallelConfig, ParallelKind
 from runner.dist import DistInfo, destroy_process_group, init_process_group
 from runner.models import GPT
+from runner.tasks import LanguageModeling
 from runner.parallel import prepare_blocks
 
 STEPS, ROWS, LR = 4, 8, 1e-2  # 4 optimizer steps on a global batch of 8 sequences
@@ -91,7 +93,7 @@ def fsdp_checks(tmp_dir: str) -> dict:
     init_process_group(DistInfo.from_env(), "gloo")
     try:
         return {**equivalence(), "bf16": bf16_policy(), **state_round_trip(Path(tmp_dir)), **blocks(),
-                "memory": memory(), "following": optimizer_following()}
+                "memory": memory(), "following": optimizer_following(), "evaluation": evaluation()}
     finally:
         destroy_process_group()
 
@@ -123,6 +125,26 @@ def equivalence() -> dict:
     results["local_shard_rows"] = next(model.parameters()).to_local().shape[0]
     results["full_rows"] = next(model.parameters()).shape[0]
     return results
+
+
+def evaluation() -> dict:
+    """The loop's evaluate() on validation splits of 1 row (process 1's shard is empty) and 3 rows (2 batches and
+    1), under FSDP and DDP: {"rows<N>": {kind: metrics}}, to match one process's."""
+    from runner.loop import evaluate
+
+    results = {}
+    for rows in (1, 3):
+        for kind in ("fsdp", "ddp"):
+            accelerator = Accelerator("cpu", parallel=kind)
+            model = accelerator.prepare(tiny_gpt())
+            batches = accelerator.prepare(evaluation_batches(rows))
+            results.setdefault(f"rows{rows}", {})[kind] = evaluate(accelerator, model, batches, LanguageModeling())
+    return results
+
+
+def evaluation_batches(rows: int) -> TensorBatches:
+    tokens = global_batch(100)[:rows]
+    return TensorBatches({"input_ids": tokens, "labels": tokens}, batch_size=1, shuffle=False, seed=0)
 
 
 def bf16_policy() -> dict:

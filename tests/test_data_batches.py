@@ -62,3 +62,14 @@ def test_arrow_batches_match_the_rows_of_a_split_with_an_indices_mapping():
         assert batch["x"].shape[1] == 2 and batch["y"].dtype == torch.int64 and batch["w"].dtype == torch.float32
         assert batch["x"][:, 0].tolist() == batch["y"].float().tolist() == (2 * batch["w"]).tolist()
     assert sorted(torch.cat([batch["y"] for batch in drawn]).tolist()) == sorted(split["y"])
+    assert ArrowBatches(split, 4, shuffle=True, seed=0).shard(1, 2).stand_in()["y"].tolist() == [split["y"][0]]
+
+
+def test_an_empty_evaluation_shard_still_has_a_stand_in_batch_of_the_splits_first_row():
+    from runner.prepared import DeviceBatches
+
+    shard = TensorBatches(columns(1), batch_size=4, shuffle=False, seed=0).shard(1, 2)  # 1 row, 2 processes
+    assert list(shard) == [] and len(shard) == 0
+    for source in (shard, DeviceBatches(shard, torch.device("cpu"))):
+        stand_in = source.stand_in()
+        assert stand_in["id"].tolist() == [0] and stand_in["features"].tolist() == [[0.0, 0.0]]

@@ -63,6 +63,19 @@ def test_fsdp_clipping_and_accumulation_agree_with_one_process(fsdp):
     assert clipped["norm_diff"] < 1e-5 and clipped["diff"] < 1e-5  # the global norm, over every shard
 
 
+def test_evaluation_with_fewer_rows_than_processes_or_uneven_shards_gives_one_process_metrics(fsdp):
+    from runner.loop import evaluate
+    from runner.tasks import LanguageModeling
+
+    for rows in (1, 3):  # 1: process 1 has no rows at all (it crashed, or hung FSDP's peers, before)
+        alone = evaluate(Accelerator("cpu"), fsdp_workers.tiny_gpt(), fsdp_workers.evaluation_batches(rows),
+                         LanguageModeling())
+        for rank in (0, 1):
+            for kind, metrics in fsdp[0][rank]["evaluation"][f"rows{rows}"].items():
+                assert metrics.keys() == alone.keys(), (rows, kind)
+                assert all(abs(metrics[name] - alone[name]) < 1e-5 for name in alone), (rows, kind, metrics, alone)
+
+
 def test_bf16_under_fsdp_computes_in_bf16_and_keeps_fp32_shards_and_gradients(fsdp):
     policy = fsdp[0][0]["bf16"]
     assert policy["compute"] == "torch.bfloat16" and policy["shards"] == "torch.float32"

@@ -21,7 +21,6 @@ without a valid manifest is never treated as a checkpoint.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os

@@ -79,6 +79,11 @@ class _Batches:
         # a resumed epoch starts at batch `start`, never reading the ones before it.
         yield from map(self._fetch, self._order().split(self.batch_size)[self.start : len(self)])
 
+    def stand_in(self) -> dict[str, torch.Tensor]:
+        """The split's first row as a batch, whatever this process's shard holds: an evaluation shard can be empty
+        (fewer rows than processes), and the process still needs a batch of the right shapes to take part."""
+        return self._fetch(torch.zeros(1, dtype=torch.long))
+
     def _fetch(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 

@@ -12,7 +12,6 @@ Reading image files needs Pillow (`pip install -e '.[images]'`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
 
 from runner.errors import ConfigError, DataError
 
