@@ -31,7 +31,7 @@ from runner import dist as distributed
 from runner import parallel
 from runner.config import ParallelConfig, ParallelKind
 from runner.devices import Hardware, for_device, this_process
-from runner.parallel import follow_sharded_parameters, settings_of
+from runner.parallel import chosen_settings, follow_sharded_parameters
 from runner.data.batches import _Batches
 from runner.dist import DistInfo
 from runner.precision import Precision
@@ -97,7 +97,7 @@ class Accelerator(AcceleratorExtras):
         self.scaler = make_scaler(self.precision.make_scaler(), self.device.type, scaler_settings)
         self.gradient_accumulation_steps, self.gradient_accumulation_plugin = accumulation_steps(
             gradient_accumulation_steps, grad_accum_steps, gradient_accumulation_plugin)
-        self.parallel = settings_of(parallel) if parallel is not None else ddp_settings or ParallelConfig()
+        self.parallel = chosen_settings(parallel, ddp_settings)
         self.dataloader_config = dataloader_config or DataLoaderConfiguration()
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.project_configuration = project_config or ProjectConfiguration()

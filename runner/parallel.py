@@ -60,6 +60,25 @@ def settings_of(parallel: ParallelConfig | ParallelKind | str | None) -> Paralle
                                       "or a runner.ParallelConfig") from None
 
 
+def chosen_settings(parallel: ParallelConfig | ParallelKind | str | None, ddp: ParallelConfig | None) -> ParallelConfig:
+    """What `Accelerator(parallel=..., kwargs_handlers=[DistributedDataParallelKwargs(...)])` asks for: the handler's
+    DDP settings under parallel="ddp" (or no parallel), refused where they would be dropped without a word."""
+    if ddp is None:
+        return settings_of(parallel)
+    if parallel is None:
+        return ddp
+    if isinstance(parallel, ParallelConfig):
+        raise ConfigError("Accelerator(kwargs_handlers)", (
+            "a DistributedDataParallelKwargs and a ParallelConfig both set how the model is shared; give DDP's "
+            "settings in one of them"))
+    kind = settings_of(parallel).kind
+    if kind != ParallelKind.ddp:
+        raise ConfigError("Accelerator(kwargs_handlers)", (
+            f"a DistributedDataParallelKwargs holds DDP's settings, and parallel is '{kind.value}', which does not "
+            "use them; drop the handler or use parallel='ddp'"))
+    return ddp
+
+
 def shards(settings: ParallelConfig, distributed: bool) -> bool:
     """Whether the parameters are sharded across processes (FSDP on more than one process)."""
     return distributed and settings.kind == ParallelKind.fsdp

@@ -17,6 +17,7 @@ from runner import (
     Accelerator, DataLoaderConfiguration, DistributedType, GradientAccumulationPlugin, GradScalerKwargs,
 )
 from runner.dist import DistInfo
+from runner.config import ParallelConfig, ParallelKind
 from runner.errors import CheckpointError, ConfigError, LaunchError
 from runner.prepared import AcceleratedScheduler
 from runner.sharding import BatchShard, IterableShard
@@ -202,6 +203,21 @@ def test_grad_scaler_kwargs_set_the_fp16_scaler():
     accelerator = Accelerator("cpu", "fp16", kwargs_handlers=[GradScalerKwargs(init_scale=1024, growth_interval=7)])
     assert accelerator.scaler.get_scale() == 1024.0 and accelerator.scaler._growth_interval == 7
     assert Accelerator("cpu", kwargs_handlers=[GradScalerKwargs(init_scale=8)]).scaler is None  # fp32: no scaler
+
+
+def test_ddp_kwargs_set_ddps_settings_and_are_refused_where_they_would_be_dropped():
+    from runner import DistributedDataParallelKwargs
+
+    handler = DistributedDataParallelKwargs(find_unused_parameters=True, bucket_cap_mb=5)
+    for parallel in (None, "ddp", ParallelKind.ddp):
+        settings = Accelerator("cpu", parallel=parallel, kwargs_handlers=[handler]).parallel
+        assert settings.kind == ParallelKind.ddp and settings.find_unused_parameters and settings.bucket_cap_mb == 5
+    for parallel, says in (("fsdp", "parallel is 'fsdp', which does not use them"),
+                           ("none", "parallel is 'none', which does not use them"),
+                           (ParallelConfig(), "a DistributedDataParallelKwargs and a ParallelConfig both set")):
+        with pytest.raises(ConfigError) as error:
+            Accelerator("cpu", parallel=parallel, kwargs_handlers=[handler])
+        assert str(error.value).startswith("bad config: Accelerator(kwargs_handlers): ") and says in str(error.value)
 
 
 def test_cpu_true_state_and_distributed_type():
