@@ -16,7 +16,7 @@ from __future__ import annotations
 import csv
 import json
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Protocol
@@ -390,7 +390,14 @@ def make_logger(run_dir: Path, is_main: bool, sinks: dict[str, Any], jsonl: bool
     from runner.build import call_built, instantiate
 
     built: list = [JsonlSink(run_dir, start_step, run)] if jsonl else []
-    for name, node in sinks.items():
-        factory = instantiate(f"logger.{name}", node)
-        built.append(call_built(f"logger.{name}", node, factory, run_dir, start_step=start_step, run=run))
+    try:
+        for name, node in sinks.items():
+            factory = instantiate(f"logger.{name}", node)
+            built.append(call_built(f"logger.{name}", node, factory, run_dir, start_step=start_step, run=run))
+    except BaseException:
+        # The sinks built so far hold open files and writer threads: in a sweep's next job they would still be
+        # there. The build failure is the error to report, not one of theirs while closing.
+        with suppress(Exception):
+            Loggers(built).close()
+        raise
     return Loggers(built)

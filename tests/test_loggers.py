@@ -111,6 +111,17 @@ def test_only_the_main_process_gets_sinks_and_jsonl_is_kept_whatever_the_list(tm
     assert not (tmp_path / "quiet").exists()
 
 
+def test_a_sink_that_fails_to_build_closes_the_ones_built_before_it(tmp_path, monkeypatch):
+    closed = []
+    for sink in (JsonlSink, TensorBoardSink):
+        monkeypatch.setattr(sink, "close", lambda self, close=sink.close: (closed.append(type(self).__name__),
+                                                                            close(self)))
+    broken = {**CSV, "no_such_argument": 1}
+    with pytest.raises(Exception, match="no_such_argument"):  # the build's own error, not a closing one
+        make_logger(tmp_path, is_main=True, sinks={"tensorboard": TB, "csv": broken})
+    assert closed == ["JsonlSink", "TensorBoardSink"]
+
+
 def test_a_metrics_file_cut_short_by_a_kill_is_read_and_resumed_without_error(tmp_path):
     """kill -9 while a row was being written leaves half a line: resuming drops it, the report skips it."""
     from runner.report import read_metrics
