@@ -103,6 +103,33 @@ class AcceleratorExtras:
         if self.is_main_process:
             torch.save(obj, f)
 
+    def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
+        """The whole model's weights as one plain state dict on the CPU (Accelerate's get_state_dict). Under FSDP
+        every process must call it: the shards are gathered onto the main process, and the others get {}."""
+        from runner.checkpoint.sharded import full_weights
+
+        return full_weights(self.unwrap_model(model) if unwrap else model, distributed=self.shards_parameters)
+
+    def save_model(self, model: nn.Module, save_directory: str | Path, max_shard_size: int | str = "10GB",
+                   safe_serialization: bool = True) -> None:
+        """The model's weights into `save_directory` as transformers' from_pretrained reads them: model.safetensors,
+        or shards of at most `max_shard_size` ("5GB", "500MB" or bytes) with model.safetensors.index.json
+        (runner/checkpoint/model_dir.py). Every process calls it; the main process writes, replacing an earlier
+        save only once the new files are complete."""
+        if not safe_serialization:
+            from runner.errors import ConfigError, Problem
+
+            raise ConfigError(Problem("save_model(safe_serialization)", (
+                "is False; the runner writes safetensors only (a pickled pytorch_model.bin runs code when it is "
+                "loaded); leave it True")))
+        from runner.checkpoint.model_dir import plan_shards, save_weights
+
+        weights = self.get_state_dict(model)
+        split = plan_shards(weights, max_shard_size)
+        if self.is_main_process:
+            save_weights(weights, split, Path(save_directory))
+        self.wait_for_everyone()  # no process reads the directory before it is complete
+
     def on_last_process(self, function):
         return _run_if(function, lambda: self.process_index == self.num_processes - 1)
 

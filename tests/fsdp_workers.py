@@ -93,7 +93,8 @@ def fsdp_checks(tmp_dir: str) -> dict:
     init_process_group(DistInfo.from_env(), "gloo")
     try:
         return {**equivalence(), "bf16": bf16_policy(), **state_round_trip(Path(tmp_dir)), **blocks(),
-                "memory": memory(), "following": optimizer_following(), "evaluation": evaluation()}
+                "memory": memory(), "following": optimizer_following(), "evaluation": evaluation(),
+                "saved": saved_model(Path(tmp_dir))}
     finally:
         destroy_process_group()
 
@@ -125,6 +126,14 @@ def equivalence() -> dict:
     results["local_shard_rows"] = next(model.parameters()).to_local().shape[0]
     results["full_rows"] = next(model.parameters()).shape[0]
     return results
+
+
+def saved_model(tmp_dir: Path) -> str:
+    """Accelerator.save_model under FSDP, in shards of at most 20 kB: every process calls it, rank 0 writes."""
+    accelerator = Accelerator("cpu", parallel="fsdp")
+    model, _, _ = train(accelerator, tiny_gpt())
+    accelerator.save_model(model, tmp_dir / "saved", max_shard_size="20KB")
+    return ",".join(sorted(path.name for path in (tmp_dir / "saved").iterdir()))
 
 
 def evaluation() -> dict:

@@ -97,6 +97,19 @@ def test_sharded_save_state_continues_bitwise_and_loads_on_another_process_count
     assert fsdp_workers.max_difference(model.state_dict(), expected) == 0.0
 
 
+def test_save_model_under_fsdp_writes_the_whole_trained_model_in_shards_from_pretrained_reads(fsdp):
+    from huggingface_hub import load_torch_model
+
+    results, tmp_dir = fsdp
+    names = results[0]["saved"].split(",")
+    assert results[1]["saved"] == results[0]["saved"]  # rank 1 returns after rank 0 wrote: it sees the files
+    assert "model.safetensors.index.json" in names and len(names) > 2 and "model.safetensors" not in names
+    model = fsdp_workers.tiny_gpt(seed=9)
+    load_torch_model(model, tmp_dir / "saved", strict=True)  # transformers' sharded layout, every key present
+    expected, _ = fsdp_workers.reference()
+    assert fsdp_workers.max_difference(model.state_dict(), expected) < 1e-5
+
+
 def test_checkpointed_and_compiled_blocks_train_like_plain_ones_and_keep_their_names(fsdp):
     blocks = fsdp[0][0]["blocks"]
     assert blocks["checkpointed"] == blocks["plain"]  # recomputing activations changes no number
