@@ -23,7 +23,7 @@ from typing import Any, Iterator, Protocol
 
 import yaml
 
-from runner.errors import ConfigError, Problem, WriteError, write_failure
+from runner.errors import ConfigError, Problem, WriteError, write_error, write_failure
 from runner.metrics import _drop_rows_after, flatten_hparams
 
 
@@ -147,32 +147,22 @@ class JsonlSink(_FileSink):
     """One JSON object per logged step in `<run dir>/metrics.jsonl` (the config is config.yaml, the final metrics
     go to result.json)."""
 
-    # Rows reach the file at most this long after they were logged (and at every checkpoint, and at close),
-    # written together: a json.dumps and a write call per row inside the training loop cost ~80 us of CPU a log on
-    # the tiny benchmark (0.3 ms steps), most of it from the loop having pushed this code out of the CPU's caches.
-    FLUSH_SECONDS = 1.0
-
     def __init__(self, run_dir: Path, start_step: int = 0, run: RunInfo = RunInfo()):
         super().__init__(run_dir, "metrics.jsonl")
         path = run_dir / "metrics.jsonl"
         with write_failure(path, "metrics.jsonl"):
             _drop_rows_after(path, start_step)
             self._file = open(path, "a", encoding="utf-8")
-        self._pending: list[dict] = []  # rows logged but not yet written, oldest first
-        self._flushed_at = time.monotonic()
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        self._pending.append({"step": step, **metrics})
-        if time.monotonic() - self._flushed_at >= self.FLUSH_SECONDS:
-            self.flush()
-
-    def flush(self) -> None:
-        """Write every row logged so far (before a checkpoint: a run killed after it resumes from it)."""
-        rows, self._pending, self._flushed_at = self._pending, [], time.monotonic()
-        if rows:
-            with self._writing(f"metrics.jsonl at step {rows[-1]['step']}"):
-                self._file.write("".join(json.dumps(row) + "\n" for row in rows))
-                self._file.flush()
+        # Each row reaches the file as it is logged (what follows a run live reads it); a try, not _writing's two
+        # context managers, on this path taken inside the training loop.
+        try:
+            self._file.write(json.dumps({"step": step, **metrics}) + "\n")
+            self._file.flush()
+        except (OSError, RuntimeError) as err:
+            self._failed = True
+            raise write_error(err, self._path, f"metrics.jsonl at step {step}") from err
 
     def log_config(self, config: dict[str, Any]) -> None:
         pass
@@ -182,10 +172,7 @@ class JsonlSink(_FileSink):
 
     def close(self) -> None:
         with self._closing():
-            try:
-                self.flush()
-            finally:
-                self._file.close()
+            self._file.close()
 
 
 class CsvSink(_FileSink):

@@ -122,25 +122,6 @@ def test_a_sink_that_fails_to_build_closes_the_ones_built_before_it(tmp_path, mo
     assert closed == ["JsonlSink", "TensorBoardSink"]
 
 
-def test_metrics_jsonl_rows_are_written_at_most_a_second_late_at_each_flush_and_at_close(tmp_path, monkeypatch):
-    clock = [100.0]
-    monkeypatch.setattr("runner.loggers.time.monotonic", lambda: clock[0])
-    path = tmp_path / "metrics.jsonl"
-    logger = JsonlSink(tmp_path)
-    logger.log(1, {"train/loss": 2.0})
-    logger.log(2, {"train/loss": 1.5})
-    assert path.read_text() == ""  # held back: no write call per row inside the training loop
-    clock[0] += JsonlSink.FLUSH_SECONDS
-    logger.log(3, {"train/loss": 1.25})  # a second after the last write: every row so far goes out
-    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3]
-    logger.log(4, {"val/accuracy": 0.5})
-    logger.flush()  # what a checkpoint does first
-    assert json.loads(path.read_text().splitlines()[-1]) == {"step": 4, "val/accuracy": 0.5}
-    logger.log(5, {"train/loss": 1.0})
-    logger.close()
-    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3, 4, 5]
-
-
 def test_a_metrics_file_cut_short_by_a_kill_is_read_and_resumed_without_error(tmp_path):
     """kill -9 while a row was being written leaves half a line: resuming drops it, the report skips it."""
     from runner.report import read_metrics
@@ -168,11 +149,9 @@ def test_a_full_disk_while_logging_is_one_disk_full_error_naming_the_file(tmp_pa
     logger = JsonlSink(tmp_path)
     logger._file.close()
     logger._file = FullDisk()
-    logger.log(6, {"train/loss": 1.0})
-    logger.log(7, {"train/loss": 1.0})  # rows are written together, at most FLUSH_SECONDS after they were logged
     with pytest.raises(DiskFull, match=rf"no space left on the disk holding {tmp_path / 'metrics.jsonl'} while "
                                        r"writing metrics.jsonl at step 7"):
-        logger.flush()
+        logger.log(7, {"train/loss": 1.0})
     logger.close()  # after the error: closes what it can, raises nothing more
 
 
