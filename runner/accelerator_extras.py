@@ -1,6 +1,7 @@
 """The parts of Accelerate's Accelerator API that sit beside the training step: which process runs a function,
 sharing inputs out, a stop flag all processes agree on, extra objects to checkpoint, freeing memory, the
-experiment trackers (runner/trackers.py), and save_state/load_state (runner/checkpoint/accelerator_state.py). Mixed into runner.Accelerator, whose process counts they read.
+experiment trackers (runner/trackers.py), save_model (runner/checkpoint/model_dir.py) and save_state/load_state
+(runner/checkpoint/accelerator_state.py). Mixed into runner.Accelerator, whose process counts they read.
 """
 
 from __future__ import annotations
