@@ -199,7 +199,8 @@ class TrainerConfig:
     checkpoint, exit 1), skip (skip each optimizer step whose gradients are not finite; costs one host-device
     sync per step), or ignore. Under fp16 the gradient scaler's own skipped steps never count."""
     limit_train_batches: Optional[int] = None
-    """Train on at most this many micro-batches per epoch (None: the whole split). For quick checks."""
+    """Train on at most this many micro-batches per epoch (None: the whole split), at least one optimizer step's
+    worth (the accumulation). For quick checks."""
     limit_val_batches: Optional[int] = None
     """Evaluate on at most this many batches per process (None: the whole validation split)."""
     overfit_batches: Optional[int] = None

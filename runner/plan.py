@@ -41,7 +41,23 @@ def batch_plan(trainer: TrainerConfig, processes: int) -> BatchPlan:
 
 
 def batch_problems(trainer: TrainerConfig, processes: int) -> list[Problem]:
-    """Why this global batch cannot be shared among `processes` (and micro-batches), with what would work."""
+    """Why this global batch cannot be shared among `processes` (and micro-batches), or the per-epoch limit cannot
+    hold one optimizer step, with what would work."""
+    problems = _sharing_problems(trainer, processes)
+    limit = trainer.limit_train_batches
+    if problems or limit is None or limit < 1:  # below 1: runner/checks.py says it must be positive
+        return problems
+    accumulation = _plan(trainer, processes).accumulation
+    if limit < accumulation:
+        # Otherwise the epoch would still take a whole step's micro-batches: more than the limit, without a word.
+        return [Problem("trainer.limit_train_batches", (
+            f"is {limit} micro-batches, fewer than the {accumulation} that one optimizer step accumulates here; "
+            f"set it to {accumulation} or more, or lower the accumulation (trainer.grad_accum_steps, "
+            "trainer.micro_batch_size)"))]
+    return []
+
+
+def _sharing_problems(trainer: TrainerConfig, processes: int) -> list[Problem]:
     problems = [Problem(f"trainer.{name}", f"is {value}; it must be 1 or more, or null")
                 for name, value in (("micro_batch_size", trainer.micro_batch_size),
                                     ("per_device_batch_size", trainer.per_device_batch_size),

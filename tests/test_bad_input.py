@@ -102,6 +102,8 @@ CASES = [
      "callbacks.early_stopping.patience", "patience is 0; it must be 1 or more"),
     ("an optional logger not installed", ["logger=[mlflow]"], "logger.mlflow", "pip install 'runner[mlflow]'"),
     ("limit of no batches", ["trainer.limit_train_batches=0"], "trainer.limit_train_batches", "it must be positive"),
+    ("limit below one step's micro-batches", ["trainer.limit_train_batches=2", "trainer.grad_accum_steps=4"],
+     "trainer.limit_train_batches", "is 2 micro-batches, fewer than the 4 that one optimizer step accumulates"),
     # Building: the library's refusal, with the key the user set.
     ("unknown constructor argument", ["+model.widht=3"], "model.widht", "is not an argument of runner.models"),
     ("negative learning rate", ["optimizer.lr=-1"], "optimizer.lr", "Invalid learning rate"),
