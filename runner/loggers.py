@@ -23,7 +23,7 @@ from typing import Any, Iterator, Protocol
 
 import yaml
 
-from runner.errors import ConfigError, Problem, WriteError, write_error, write_failure
+from runner.errors import ConfigError, Problem, WriteError, write_failure
 from runner.metrics import _drop_rows_after, flatten_hparams
 
 
@@ -52,14 +52,8 @@ class _FileSink:
     def __init__(self, run_dir: Path, name: str):
         self._path, self._name, self._failed = run_dir / name, name, False
 
-    @contextmanager
-    def _writing(self, what: str) -> Iterator[None]:
-        try:
-            with write_failure(self._path, what):
-                yield
-        except WriteError:
-            self._failed = True
-            raise
+    def _writing(self, what: str) -> "_SinkWriting":
+        return _SinkWriting(self, what)
 
     @contextmanager
     def _closing(self) -> Iterator[None]:
@@ -70,6 +64,22 @@ class _FileSink:
         except WriteError:
             if not failed_before:
                 raise
+
+
+class _SinkWriting(write_failure):
+    """write_failure that also marks its sink failed, so that its close() says nothing more."""
+
+    def __init__(self, sink: _FileSink, what: str):
+        super().__init__(sink._path, what)
+        self.sink = sink
+
+    def __exit__(self, kind, err, traceback) -> bool:
+        self.sink._failed |= isinstance(err, WriteError)  # a nested write's, already naming its file
+        try:
+            return super().__exit__(kind, err, traceback)
+        except WriteError:
+            self.sink._failed = True
+            raise
 
 
 class TensorBoardSink(_FileSink):
@@ -155,14 +165,9 @@ class JsonlSink(_FileSink):
             self._file = open(path, "a", encoding="utf-8")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        # Each row reaches the file as it is logged (what follows a run live reads it); a try, not _writing's two
-        # context managers, on this path taken inside the training loop.
-        try:
+        with self._writing(f"metrics.jsonl at step {step}"):  # each row as it is logged: runs are followed live
             self._file.write(json.dumps({"step": step, **metrics}) + "\n")
             self._file.flush()
-        except (OSError, RuntimeError) as err:
-            self._failed = True
-            raise write_error(err, self._path, f"metrics.jsonl at step {step}") from err
 
     def log_config(self, config: dict[str, Any]) -> None:
         pass
