@@ -102,7 +102,7 @@ def seal(directory: Path, name: str, manifest: dict, pointer: bool = True) -> Pa
     partial = directory / f"{PARTIAL_PREFIX}{name}"
     try:
         files = _hash_and_flush(sorted(path for path in partial.iterdir()))
-        _write_text_durably(partial / MANIFEST, json.dumps({"format": FORMAT_VERSION, **manifest, "files": files},
+        write_text_durably(partial / MANIFEST, json.dumps({"format": FORMAT_VERSION, **manifest, "files": files},
                                                            indent=1))
         fsync_path(partial)
         _replace_dir(partial, final)
@@ -143,10 +143,10 @@ def _replace_dir(partial: Path, final: Path) -> None:
 
 
 def write_pointer(directory: Path, name: str) -> None:
-    _write_text_durably(directory / LATEST, name, temporary=directory / f"{PARTIAL_PREFIX}{LATEST}")
+    write_text_durably(directory / LATEST, name, temporary=directory / f"{PARTIAL_PREFIX}{LATEST}")
 
 
-def _write_text_durably(path: Path, text: str, temporary: Path | None = None) -> None:
+def write_text_durably(path: Path, text: str, temporary: Path | None = None) -> None:
     temporary = temporary or path
     try:
         with open(temporary, "w", encoding="utf-8") as handle:

@@ -43,32 +43,30 @@ def plan_shards(weights: dict[str, torch.Tensor], max_shard_size: int | str):
             from None
 
 
-def save_weights(weights: dict[str, torch.Tensor], split, directory: Path) -> list[Path]:
+def save_weights(weights: dict[str, torch.Tensor], split, directory: Path) -> None:
     """Write `weights` (plain, contiguous tensors sharing no memory) into `directory` as `split` (plan_shards)
-    says; the files now there."""
+    says."""
     from safetensors.torch import save_file
 
-    writers = {name: (lambda path, names=names: save_file({key: weights[key] for key in names}, str(path),
-                                                         metadata={"format": "pt"}))
-               for name, names in split.filename_to_tensors.items()}
-    if split.is_sharded:
-        index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
-        writers[INDEX_FILE] = lambda path: path.write_text(json.dumps(index, indent=2), encoding="utf-8")
-    temporary = {name: directory / f"{files.PARTIAL_PREFIX}{name}" for name in writers}
+    shards = {name: directory / f"{files.PARTIAL_PREFIX}{name}" for name in split.filename_to_tensors}
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        for name, write in writers.items():
-            write(temporary[name])
-            files.fsync_path(temporary[name])
-        for name in writers:  # the index last: until it moves, an earlier save's index names only its own shards
-            os.replace(temporary[name], directory / name)
+        for name, names in split.filename_to_tensors.items():
+            save_file({key: weights[key] for key in names}, str(shards[name]), metadata={"format": "pt"})
+            files.fsync_path(shards[name])
+        for name, temporary in shards.items():
+            os.replace(temporary, directory / name)
+        if split.is_sharded:  # last: until it moves, an earlier save's index names only its own shards
+            index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
+            files.write_text_durably(directory / INDEX_FILE, json.dumps(index, indent=2),
+                                     temporary=directory / f"{files.PARTIAL_PREFIX}{INDEX_FILE}")
     except (OSError, RuntimeError) as err:  # safetensors reports a full disk as a RuntimeError
         failure = write_error(err, directory, "the model's weights")
-        for path in temporary.values():
-            path.unlink(missing_ok=True)
+        for temporary in shards.values():
+            temporary.unlink(missing_ok=True)
         raise failure from err
+    written = {*shards, *([INDEX_FILE] if split.is_sharded else [])}
     for stale in directory.iterdir():
-        if OWN_FILES.fullmatch(stale.name) and stale.name not in writers:
+        if OWN_FILES.fullmatch(stale.name) and stale.name not in written:
             stale.unlink()
     files.fsync_path(directory)
-    return [directory / name for name in writers]
