@@ -291,14 +291,23 @@ def preflight(spec: RunSpec) -> RunSpec:
 def load(overrides: list[str]) -> RunSpec:
     """A config composed, frozen and resolved for this machine (hardware and batch plan), without running it or
     writing anything: for the tools (runner.validate's command line, the plan). Raises the run's own errors."""
+    return resolve(compose_config(overrides))
+
+
+def compose_config(overrides: list[str]) -> DictConfig:
+    """The composed config as Hydra gives it (no `hydra` node), nothing resolved or checked yet."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
 
     try:
         with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-            cfg = compose(CONFIG_NAME, overrides=list(overrides))
+            return compose(CONFIG_NAME, overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as err:
         raise ConfigError("config", composition_error(err, list(overrides))) from None
+
+
+def resolve(cfg: DictConfig) -> RunSpec:
+    """load()'s second half: frozen, checked, and resolved for this machine."""
     spec = freeze(cfg, Path.cwd())
     hardware = resolve_hardware(spec.config.hardware, spec.config.gpu_ids)
     check(spec.config, hardware)

@@ -62,13 +62,22 @@ def _named(name: str) -> Recipe:
 
 
 def show(name: str, overrides: list[str]) -> str:
+    """The recipe's whole config, resolved for this machine. A recipe that leaves required values to set (`???`,
+    e.g. a copied tabular_csv's data.train) is shown as composed, with those keys named at the end: what is
+    left to fill in is what the user came to see."""
     import yaml
+    from omegaconf import OmegaConf
 
-    from runner.cli import load
+    from runner.cli import compose_config, resolve
     from runner.config import plain
 
     _named(name)
-    return yaml.safe_dump(plain(load([f"recipe={name}", *overrides]).config), sort_keys=False)
+    cfg = compose_config([f"recipe={name}", *overrides])
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        return (OmegaConf.to_yaml(cfg) + f"# still to set (???): {', '.join(missing)}; e.g. runner recipe={name} "
+                f"{missing[0]}=...")
+    return yaml.safe_dump(plain(resolve(cfg).config), sort_keys=False)
 
 
 def copy(name: str, target: str | None = None) -> Path:

@@ -31,6 +31,18 @@ def test_show_prints_the_whole_composed_config(project, capsys):
     assert "  _target_: runner.models.MLP\n" in out and "  lr: 0.01\n" in out and "hidden:\n  - 128\n  - 64\n" in out
 
 
+def test_show_of_a_recipe_with_values_still_to_set_prints_it_and_names_them(project, capsys):
+    recipes.main(["copy", "tabular_csv", "mine"])  # data.train is ??? until the user sets it
+    capsys.readouterr()
+    recipes.main(["show", "mine"])
+    out = capsys.readouterr().out
+    assert "  train: ???\n" in out and "_target_: runner.data.local_files" in out
+    assert out.rstrip().endswith("# still to set (???): data.train; e.g. runner recipe=mine data.train=...")
+    recipes.main(["show", "mine", "data.train=table.csv"])  # set: resolved as before, nothing left to name
+    out = capsys.readouterr().out
+    assert "  train: table.csv\n" in out and "still to set" not in out
+
+
 def test_copy_puts_an_editable_copy_in_recipes_and_never_overwrites(project, capsys):
     recipes.main(["copy", "digits_mlp", "my_digits"])
     copied = project / "recipes" / "my_digits.yaml"
