@@ -1,14 +1,37 @@
-"""runner: a config-driven PyTorch experiment runner."""
+"""runner: a config-driven PyTorch experiment runner.
 
-from runner.accelerator import Accelerator, set_seed
-from runner.config import (
-    CheckpointConfig, HardwareConfig, LoggingConfig, ParallelConfig, PrecisionConfig, RunConfig, TrainerConfig,
-)
-from runner.options import (
-    DataLoaderConfiguration, DistributedType, GradientAccumulationPlugin, GradScalerKwargs, ProjectConfiguration,
-)
-from runner.parallel import DistributedDataParallelKwargs
-from runner.errors import CheckpointError, ConfigError, DataError, HardwareError, LaunchError, RunnerError
+The public names load on first use (PEP 562): `python -m runner` imports this package before its own entry, and
+that entry installs the stop-signal handler before torch is imported (seconds), so that a SIGTERM during start-up
+ends the run with exit 75, as promised, instead of killing it unreported."""
+
+from __future__ import annotations
+
+import importlib
+
+# name -> the module that defines it
+_PUBLIC = {
+    "Accelerator": "runner.accelerator",
+    "set_seed": "runner.accelerator",
+    "CheckpointConfig": "runner.config",
+    "HardwareConfig": "runner.config",
+    "LoggingConfig": "runner.config",
+    "ParallelConfig": "runner.config",
+    "PrecisionConfig": "runner.config",
+    "RunConfig": "runner.config",
+    "TrainerConfig": "runner.config",
+    "DataLoaderConfiguration": "runner.options",
+    "DistributedType": "runner.options",
+    "GradientAccumulationPlugin": "runner.options",
+    "GradScalerKwargs": "runner.options",
+    "ProjectConfiguration": "runner.options",
+    "DistributedDataParallelKwargs": "runner.parallel",
+    "CheckpointError": "runner.errors",
+    "ConfigError": "runner.errors",
+    "DataError": "runner.errors",
+    "HardwareError": "runner.errors",
+    "LaunchError": "runner.errors",
+    "RunnerError": "runner.errors",
+}
 
 __all__ = [
     "Accelerator",
@@ -33,3 +56,16 @@ __all__ = [
     "HardwareError",
     "CheckpointError",
 ]
+
+
+def __getattr__(name: str):
+    module = _PUBLIC.get(name)
+    if module is None:  # a submodule (`from runner import dist`) is then imported by the import system
+        raise AttributeError(f"module 'runner' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

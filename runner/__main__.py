@@ -1,5 +1,24 @@
-from runner.cli import main
+"""`python -m runner`. The stop-signal handler comes first, before torch and Hydra are imported: a scheduler's
+SIGTERM during those seconds ends the run with exit 75 and "nothing was trained", as the README promises.
 
-# The guard matters: workers started with the "spawn" method import this module, and must not re-run Hydra.
+The guard matters: workers started with the "spawn" method import this module, and must not re-run Hydra."""
+
+import sys
+
+from runner.errors import PREEMPTED_EXIT_CODE, Preempted
+from runner.signals import stop_from_process_start
+
+
+def main() -> None:
+    stop_from_process_start()
+    try:
+        from runner.cli import main as run_cli
+
+        run_cli()
+    except Preempted as stop:
+        print(f"runner: {stop}", file=sys.stderr)
+        raise SystemExit(PREEMPTED_EXIT_CODE) from None
+
+
 if __name__ == "__main__":
     main()

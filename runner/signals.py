@@ -14,12 +14,22 @@ import signal
 from contextlib import contextmanager
 from typing import Iterator
 
-import torch
-
 from runner.errors import Preempted
 
 # SIGUSR1 is POSIX-only: where it does not exist, only SIGTERM stops a starting run.
 STARTUP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGUSR1") if hasattr(signal, name))
+
+
+def _stop_at_process_start(signum, frame):
+    raise Preempted(signal.Signals(signum).name, None, None)
+
+
+def stop_from_process_start() -> None:
+    """`python -m runner`'s first act, before torch and Hydra are imported (seconds) and the config is composed: a
+    stop signal from then on raises Preempted ("nothing was trained"), which the entry turns into exit 75, instead
+    of killing the process unreported. stop_during_startup takes over around the run itself."""
+    for sig in STARTUP_SIGNALS:
+        signal.signal(sig, _stop_at_process_start)
 
 
 @contextmanager
@@ -35,7 +45,8 @@ def stop_during_startup() -> Iterator[None]:
         yield
     finally:
         for sig, handler in previous.items():
-            signal.signal(sig, handler)
+            # After a run, "before training started" would be wrong: the process-start handler is not restored.
+            signal.signal(sig, signal.SIG_DFL if handler is _stop_at_process_start else handler)
 
 
 class StopSignals:
@@ -47,7 +58,7 @@ class StopSignals:
         self._previous: dict[signal.Signals, object] = {}
         self._group = None
         self._pending = None
-        self._flag = torch.zeros(1)
+        self._flag = None
         if distributed and self.signals:
             from runner.dist import new_cpu_group
 
@@ -75,6 +86,7 @@ class StopSignals:
     def requested(self) -> bool:
         if self._group is None:  # one process, or no stop signals: nothing to agree on
             return self.received is not None
+        import torch
         import torch.distributed as torch_dist
 
         agreed = False
