@@ -22,15 +22,24 @@ from typing import Callable
 log = logging.getLogger(__name__)
 
 BEAT_S = 0.25
-STALE_S = 10.0  # a peer whose beats stopped this long ago (and that did not say it finished) is gone
+MIN_STALE_S = 10.0
 PEER_FAILED_EXIT_CODE = 1
+
+
+def stale_after(timeout_s: float) -> float:
+    """How long a peer's beats may stop (without it saying it finished) before it counts as gone: a tenth of
+    hardware.timeout_s, at least MIN_STALE_S, at most timeout_s. A fixed 10 s ended healthy groups on a loaded
+    machine, where a beat thread can wait that long for the CPU; a peer whose machine vanished is still noticed
+    well before its collective would time out."""
+    return min(float(timeout_s), max(MIN_STALE_S, timeout_s / 10))
 
 
 class Peers:
     """This rank's side of the group's bookkeeping. Use as a context manager around the run."""
 
-    def __init__(self, store, rank: int, world_size: int):
+    def __init__(self, store, rank: int, world_size: int, timeout_s: float = 600):
         self._store, self.rank, self.world_size = store, rank, world_size
+        self.stale_s = stale_after(timeout_s)
         self._store_lock = threading.Lock()  # the main thread reports and reads progress; the thread beats
         self._step: Callable[[], int | None] = lambda: None
         self._last_step, self._step_changed = None, time.monotonic()
@@ -110,7 +119,8 @@ class Peers:
                 self._relay_failure()
                 self._end("another rank failed (its report is the launcher's error message)")
             elif gone:
-                self._end(f"rank(s) {', '.join(map(str, gone))} stopped answering for {STALE_S:.0f} s")
+                self._end(f"rank(s) {', '.join(map(str, gone))} stopped answering for {self.stale_s:.0f} s "
+                          f"(a tenth of hardware.timeout_s, at least {MIN_STALE_S:.0f} s)")
 
     def _beat(self) -> None:
         step = self._step()
@@ -133,7 +143,7 @@ class Peers:
             previous = self._seen.get(rank)
             if previous is None or previous[0] != sequence:
                 self._seen[rank] = (sequence, now)
-            elif now - previous[1] > STALE_S:
+            elif now - previous[1] > self.stale_s:
                 gone.append(rank)
         return gone
 

@@ -50,7 +50,7 @@ def run(spec: RunSpec, keep_process_group: bool = False) -> dict[str, float]:
         with stop_during_startup():
             _join(spec, dist, keep_process_group)
             # After the group exists: under srun rank 0 hosts the store the peers meet at.
-            peers = _peers(dist, spec.run_dir)
+            peers = _peers(dist, spec.run_dir, spec.config.hardware.timeout_s)
             with peers:
                 return _run(spec, dist, peers, keep_process_group)
     except Preempted:
@@ -67,9 +67,9 @@ def run(spec: RunSpec, keep_process_group: bool = False) -> dict[str, float]:
         raise
 
 
-def _peers(dist: DistInfo, run_dir: str):
+def _peers(dist: DistInfo, run_dir: str, timeout_s: float):
     store = peer_store(run_dir) if dist.is_distributed else None
-    return Peers(store, dist.rank, dist.world_size) if store is not None else NoPeers()
+    return Peers(store, dist.rank, dist.world_size, timeout_s) if store is not None else NoPeers()
 
 
 def _join(spec: RunSpec, dist: DistInfo, keep_process_group: bool) -> None:
