@@ -141,9 +141,9 @@ def resolve_hardware(settings: HardwareConfig, gpu_ids=None) -> Hardware:
         machines = settings.num_machines
     problems = list(selection.problems)
     if external and settings.num_processes is not None and settings.num_processes != processes:
-        problems.append(Problem("hardware.num_processes", f"is {settings.num_processes}, but the launcher (torchrun "
-                                f"or srun) started {processes} process(es) on this machine; leave it null, or start "
-                                f"{settings.num_processes}"))
+        # As documented: under torchrun the key is ignored (hardware=multi_cpu sets 2, torchrun may start 1 a node).
+        log.info("hardware.num_processes=%d is ignored: the launcher (torchrun or srun) started %d process(es) on "
+                 "this machine", settings.num_processes, processes)
     if not problems and selection.physical is not None and meaning.device_type == "cuda":
         problems += _count_problems(kind, gpu_ids, selection.physical, processes if meaning.several_processes else 1)
     hardware = Hardware(

@@ -129,6 +129,18 @@ def test_under_torchrun_the_launcher_decides_the_process_counts(monkeypatch):
     assert (hardware.processes_per_machine, hardware.num_machines, hardware.world_size) == (2, 2, 4)
 
 
+def test_under_torchrun_num_processes_is_ignored_with_a_log_line(monkeypatch, caplog):
+    # torchrun on 2 nodes, one process each, with hardware=multi_cpu (whose file sets num_processes: 2).
+    for name, value in {"RANK": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1"}.items():
+        monkeypatch.setenv(name, value)
+    with caplog.at_level("INFO", logger="runner.devices"):
+        hardware = _resolve(HardwareKind.multi_cpu, processes=2)
+    assert hardware.problems == ()
+    assert (hardware.processes_per_machine, hardware.num_machines) == (1, 2)
+    assert "hardware.num_processes=2 is ignored: the launcher (torchrun or srun) started 1 process(es) on this " \
+           "machine" in caplog.text
+
+
 def test_a_cpu_only_torch_build_counts_no_gpus(monkeypatch):
     monkeypatch.setattr(torch.version, "cuda", None)
     monkeypatch.setattr(torch.version, "hip", None)
