@@ -153,11 +153,22 @@ def _resume_point(spec: RunSpec) -> str | None:
 def _restore(resume_from: str, parts: Parts, accelerator: Accelerator, config: RunConfig) -> dict:
     """Load the checkpoint the parent chose into the built objects (RNG comes last, in `train`)."""
     restored = restore(Path(resume_from), parts.model, parts.optimizer, parts.scheduler, accelerator.scaler,
-                       rank=accelerator.dist.rank, world_size=accelerator.num_processes, resolved=plain(config))
+                       rank=accelerator.dist.rank, world_size=accelerator.num_processes,
+                       resolved=as_machine_0(plain(config)))
     position = restored["loop"]
     log.info("resumed from %s: step %d, epoch %d, batch %d of the epoch", resume_from, position["step"],
              position["epoch"], position["batch_in_epoch"])
     return restored
+
+
+def as_machine_0(resolved: dict) -> dict:
+    """The config as machine 0, which writes every checkpoint, resolved it: a machine-local key
+    (hardware.machine_rank) differs between the machines of one run by design, so it must not count as a change
+    when machine 1 compares its config with the checkpoint's (it warned "no longer an exact continuation")."""
+    hardware = resolved.get("hardware")
+    if not isinstance(hardware, dict) or hardware.get("machine_rank", 0) == 0:
+        return resolved
+    return {**resolved, "hardware": {**hardware, "machine_rank": 0}}
 
 
 def _interrupt_once(signum, frame) -> None:
