@@ -387,13 +387,16 @@ def monitored_value(final: dict[str, float], monitor: str) -> float:
     return final[monitor]
 
 
-def rundir_summary(run_dir: rundir.RunDir) -> str:
-    """What a run left behind when it stopped: its newest complete checkpoint, if any."""
+def rundir_summary(run_dir: rundir.RunDir, resume_helps: bool = True) -> str:
+    """What a run left behind when it stopped: its newest complete checkpoint, if any, and, when it would get
+    past what stopped it (`resume_helps`), how to continue from it."""
     from runner.checkpoint import newest_complete_step
 
     step = newest_complete_step(run_dir.path / "checkpoints")
     if step is None:
         return f"no checkpoint was written; the run dir is {run_dir.path}"
+    if not resume_helps:
+        return f"the last complete checkpoint is step {step}, in {run_dir.path}"
     return (f"the last complete checkpoint is step {step}; continue with the same command plus resume=auto "
             f"hydra.run.dir={run_dir.path}")
 
@@ -401,7 +404,7 @@ def rundir_summary(run_dir: rundir.RunDir) -> str:
 def _fail(err: RunnerError, run_dir: rundir.RunDir, multirun: bool) -> float:
     """Say what went wrong in one paragraph; remove what this invocation created if training never started."""
     started = run_dir.training_started
-    kept = f"; {rundir_summary(run_dir)}" if started else ""
+    kept = f"; {rundir_summary(run_dir, err.resume_helps)}" if started else ""
     print(f"runner: error: {err}{kept}", file=sys.stderr)
     if multirun:  # a sweep keeps the job dir: its result.json records this error
         from runner.sweep import SweepJobFailed
@@ -413,7 +416,7 @@ def _fail(err: RunnerError, run_dir: rundir.RunDir, multirun: bool) -> float:
     if started:
         run_dir.unlock()
     else:
-        run_dir.remove_what_this_run_created()
+        run_dir.remove_what_this_run_created(keep=err.keep)
     raise SystemExit(1)
 
 

@@ -11,6 +11,12 @@ from pathlib import Path
 class RunnerError(Exception):
     """Base class: an error the user can fix. The CLI prints it without a traceback."""
 
+    keep: tuple[Path, ...] = ()
+    """Files the message tells the user to read (a rank's log): kept when a failure before training removes the
+    run dir this invocation created."""
+    resume_helps: bool = True
+    """Whether running the same command with resume=auto may get past it (the final message then suggests it)."""
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -55,6 +61,13 @@ class LaunchError(RunnerError):
 
 class CheckpointError(RunnerError):
     """A checkpoint could not be written or read back."""
+
+
+class ResumeRefused(CheckpointError):
+    """A checkpoint this run cannot continue from (altered after it was written, another process count):
+    resume=auto would meet the same refusal, so the message does not suggest it."""
+
+    resume_helps = False
 
 
 class WriteError(RunnerError):

@@ -54,15 +54,19 @@ class RunDir:
     def training_started(self) -> bool:
         return any((self.path / name).exists() for name in STARTED_MARKERS)
 
-    def remove_what_this_run_created(self) -> None:
-        """After a failure before training: drop what this invocation wrote, never what was there before. A
-        process that does not own the run dir (machine 1 of a shared dir) removes it only while no other run
-        has taken it (no lock file in it)."""
+    def remove_what_this_run_created(self, keep: tuple[Path, ...] = ()) -> None:
+        """After a failure before training: drop what this invocation wrote, never what was there before, nor the
+        files in `keep` (the log the error message points at). A process that does not own the run dir (machine 1
+        of a shared dir) removes it only while no other run has taken it (no lock file in it)."""
         owner = self.locked
         self.unlock()
         if self.state is RunDirState.runner or not self.path.is_dir():
             return
         if not owner and (self.path / LOCK_FILE).exists():
+            return
+        kept = {Path(path).resolve() for path in keep if Path(path).exists()}
+        if kept:
+            _remove_all_but(self.path, kept)
             return
         if self.state is RunDirState.absent:
             shutil.rmtree(self.path, ignore_errors=True)
@@ -102,6 +106,19 @@ class RunDir:
             self._lock.release()
             self._lock = None
             (self.path / HOLDER_FILE).unlink(missing_ok=True)
+
+
+def _remove_all_but(folder: Path, kept: set[Path]) -> None:
+    for entry in folder.iterdir():
+        if entry.resolve() in kept:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            if any(entry.resolve() in path.parents for path in kept):
+                _remove_all_but(entry, kept)
+            else:
+                shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
 
 
 def _holder(path: Path) -> str:

@@ -27,7 +27,7 @@ from runner.checkpoint.resume import refuse_another_world_size
 from runner.checkpoint.rng import capture_rng, restore_rng
 from runner.config import CheckpointConfig, MonitorMode
 from runner.dist import all_gather_object, barrier
-from runner.errors import CheckpointError, write_error
+from runner.errors import CheckpointError, ResumeRefused, write_error
 from runner.parallel import is_sharded
 from runner.prepared import unwrap_optimizer
 
@@ -258,7 +258,7 @@ def restore(path: Path, model: nn.Module, optimizer=None, scheduler=None, scaler
     try:
         state = torch.load(path / STATE_FILE, weights_only=True, map_location="cpu", mmap=True)
     except Exception as err:  # weights_only refuses what is not plain data (pickled code); a garbled file fails too
-        raise CheckpointError(
+        raise ResumeRefused(
             f"resume: {path / STATE_FILE} cannot be loaded safely ({type(err).__name__}: "
             f"{str(err).strip().splitlines()[0]}); it was altered after it was written, or not written by the runner. "
             "Resume from another checkpoint (resume=<run dir>/checkpoints/step_N) or start a new run") from None

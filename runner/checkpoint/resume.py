@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 
 from runner.checkpoint import files
-from runner.errors import CheckpointError, ConfigError
+from runner.errors import CheckpointError, ConfigError, ResumeRefused
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ def refuse_another_world_size(path: Path, world_size: int) -> None:
     manifest = files.read_manifest(path)
     if manifest is None or manifest["world_size"] == world_size or files.layout_of(manifest) is files.Layout.dcp:
         return
-    raise CheckpointError(
+    raise ResumeRefused(
         f"resume: {path} was written by a run with {manifest['world_size']} process(es) and this run has "
         f"{world_size}. The batch order, the gradient average and the RNG states are per process, so it cannot "
         f"continue exactly: resume with hardware.num_processes={manifest['world_size']}, or start a new run "
