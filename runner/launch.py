@@ -145,7 +145,9 @@ def _launch_script(hardware, command: list[str]) -> int:
     print(f"runner: {hardware.world_size} process(es) of {' '.join(command)}; their output: {log_dir}",
           file=sys.stderr)
     stop_signals = [_signal(StopSignal.SIGTERM), _signal(StopSignal.SIGUSR1)]
-    outcome = run_agent(hardware, log_dir.resolve(), sys.executable, tuple(command), stop_signals)
+    # Each rank goes through runner.rank_exec, which ties its life to this process's, then becomes the script.
+    ranks_command = ("-m", "runner.rank_exec", str(os.getpid()), *command)
+    outcome = run_agent(hardware, log_dir.resolve(), sys.executable, ranks_command, stop_signals)
     if outcome.results is not None:
         return 0
     stopped, _ = _ended(outcome)

@@ -142,3 +142,56 @@ def test_a_run_restarted_by_torchrun_resumes_instead_of_refusing_its_own_checkpo
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # what torchrun --max-restarts sets on a restart
     main([*SMALL, "trainer.max_steps=4", "hydra.run.dir=run"])  # without resume=: it would be refused
     assert [row["step"] for row in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "train/loss" in row] == [1, 2, 3, 4]
+
+
+def _wait_for(predicate, what: str, deadline_s: float = 300.0, poll_s: float = 0.05):
+    import time
+
+    deadline = time.monotonic() + deadline_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"waited {deadline_s:.0f} s for {what}"
+        time.sleep(poll_s)
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie left for an init that does not reap (as in some containers)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signals are Linux's")
+def test_kill_9_of_the_launcher_leaves_no_rank_of_the_script_alive(tmp_path):
+    import signal
+    import time
+
+    launcher = subprocess.Popen([sys.executable, "-m", "runner.launch", "hardware=multi_cpu",
+                                 str(ROOT / "tests" / "scripts" / "sleeper.py"), str(tmp_path)],
+                                cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        pid_files = [tmp_path / "rank0.pid", tmp_path / "rank1.pid"]
+        _wait_for(lambda: all(path.exists() for path in pid_files), "both ranks of the script to write their pid")
+        ranks = [int(path.read_text()) for path in pid_files]
+        assert all(_alive(pid) for pid in ranks)
+        launcher.kill()
+        launcher.wait(timeout=60)
+        killed = time.monotonic()
+        while any(_alive(pid) for pid in ranks) and time.monotonic() - killed < 5.0:
+            time.sleep(0.05)
+        assert not [pid for pid in ranks if _alive(pid)], "ranks still alive 5 s after kill -9 of the launcher"
+    finally:
+        launcher.kill()
+        for path in tmp_path.glob("rank*.pid"):  # never leave a sleeper behind, even when the test fails
+            try:
+                os.kill(int(path.read_text()), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+
+
+def test_rank_exec_refuses_to_start_a_rank_whose_launcher_is_already_gone(tmp_path):
+    done = _run("-m", "runner.rank_exec", "1", "-c", "print('started')", cwd=tmp_path)  # pid 1 is not our parent
+    assert done.returncode == 1
+    assert "started" not in done.stdout
+    assert "the launcher (pid 1) is gone; not starting -c" in done.stderr
