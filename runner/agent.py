@@ -36,6 +36,9 @@ class Outcome:
     results: dict | None = None
     error: BaseException | None = None
     forwarded: list[signal.Signals] = field(default_factory=list)
+    exited: dict[int, float] = field(default_factory=dict)
+    """{pid: time.monotonic() when it exited} of the workers, to the millisecond: which rank failed first (the
+    launcher's own failure timestamps have one-second resolution, and it ends the other ranks within that second)."""
 
 
 def launch_config(hardware: Hardware, log_dir: Path, rank0_console: bool = False):
@@ -112,6 +115,7 @@ def run_agent(hardware: Hardware, log_dir: Path, entrypoint: Any, args: tuple, s
     with omp_threads_for_workers(threads), fresh_stores_on_restart(hardware.max_restarts), \
             quiet_torch_launcher_logs(), forward_to_workers(stop_signals) as outcome.forwarded:
         thread.start()
+        threading.Thread(target=record_exits, args=(outcome.exited, done), name="runner-exits", daemon=True).start()
         try:
             while not done.wait(0.2):
                 pass
@@ -120,6 +124,30 @@ def run_agent(hardware: Hardware, log_dir: Path, entrypoint: Any, args: tuple, s
             done.wait(INTERRUPT_GRACE_S + 10)  # the agent notices and shuts its store down before we exit
             raise
     return outcome
+
+
+EXIT_WATCH_S = 0.05  # how often new workers are looked for
+
+
+def record_exits(exited: dict[int, float], done: threading.Event) -> None:
+    """Until `done`: for each child of this process, the moment it exits, into `exited`. One waiting thread per
+    child, with waitid's WNOWAIT, which leaves the exited child for the agent to collect as usual."""
+    if not hasattr(os, "waitid"):  # not POSIX: only the launcher's own timestamps
+        return
+    watched: set[int] = set()
+
+    def wait_for(pid: int) -> None:
+        try:
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        except ChildProcessError:  # already collected by the agent: its exit time is unknown
+            return
+        exited.setdefault(pid, time.monotonic())
+
+    while not done.wait(EXIT_WATCH_S):
+        for pid in child_pids():
+            if pid not in watched:
+                watched.add(pid)
+                threading.Thread(target=wait_for, args=(pid,), name=f"runner-exit-{pid}", daemon=True).start()
 
 
 def leave_loky_start_method() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import signal
 import traceback
+from typing import NamedTuple
 
 from runner.errors import RunnerError
 
@@ -25,6 +26,10 @@ TIMEOUT_WORDS = ("Timed out", "timed out", "Timeout", "timeout")
 
 class RankFailed(RuntimeError):
     """This rank raised. Its message is the whole human-readable report."""
+
+
+class ResumeRefusedOnRank(RankFailed):
+    """This rank refused the checkpoint it was to resume from (errors.ResumeRefused): resume=auto cannot help."""
 
 
 class PeerLost(RuntimeError):
@@ -75,7 +80,8 @@ def _failure(rank: int, err: BaseException, peers, timeout_s: float | None) -> R
         return PeerHung(f"rank {hung_rank} hung: it made no progress for {age:.0f} s ({at}); rank {rank} gave up "
                         f"waiting for it after hardware.timeout_s={timeout_s:g} s")
     if isinstance(err, RunnerError):  # a user error: its whole message says it all
-        return RankFailed(f"{str(err).strip()} (rank {rank}, {when})")
+        kind = RankFailed if err.resume_helps else ResumeRefusedOnRank
+        return kind(f"{str(err).strip()} (rank {rank}, {when})")
     headline = f"rank {rank} failed {when}: {type(err).__name__}: {_first_line(err)}"
     lines = "".join(traceback.format_exception(type(err), err, err.__traceback__)).rstrip().splitlines()
     lines = [line for line in lines if line.strip(" ^~")]  # drop the caret lines that underline expressions
@@ -100,10 +106,18 @@ def _first_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else "(no message)"
 
 
-def root_cause(failures: dict[int, object]) -> tuple[int, str]:
+class RootCause(NamedTuple):
+    rank: int
+    message: str
+    resume_helps: bool = True
+    """False when the rank refused its checkpoint (ResumeRefusedOnRank): resume=auto would refuse it again."""
+
+
+def root_cause(failures: dict[int, object], exited: dict[int, float] | None = None) -> RootCause:
     """(rank, message) of the failure that most likely started it, from the launcher's {rank: ProcessFailure}:
     a rank that raised, else one killed by a signal other than the launcher's SIGTERM, else one that lost a
-    peer, else any."""
+    peer, else any; within each, the one that exited first (`exited`: {pid: exit time}, runner/agent.py)."""
+    exited = exited or {}
 
     def message(failure) -> str:
         data = failure.message
@@ -111,10 +125,10 @@ def root_cause(failures: dict[int, object]) -> tuple[int, str]:
         # torch's placeholder when a process left no error file (a script without @record, a crash).
         return "" if text.startswith("To enable traceback see") else text
 
-    def category(item) -> tuple[float, int, int]:
+    def category(item) -> tuple[float, float, int, int]:
         rank, failure = item
         text = message(failure)
-        if text.startswith(RankFailed.__name__):
+        if text.startswith((RankFailed.__name__, ResumeRefusedOnRank.__name__)):
             order = 0
         elif text.startswith(RelayedFailure.__name__):
             order = 0.5
@@ -126,20 +140,23 @@ def root_cause(failures: dict[int, object]) -> tuple[int, str]:
             order = 3
         else:
             order = 4
-        return order, failure.timestamp, rank
+        return order, exited.get(getattr(failure, "pid", None), float("inf")), failure.timestamp, rank
 
     rank, failure = min(failures.items(), key=category)
     text = message(failure)
+    if text.startswith(ResumeRefusedOnRank.__name__ + ": "):
+        return RootCause(rank, text[len(ResumeRefusedOnRank.__name__) + 2:], resume_helps=False)
     if text.startswith(RelayedFailure.__name__ + ": ["):
         failed, _, report = text[len(RelayedFailure.__name__) + 3:].partition("] ")
         hung = re.match(r"rank (\d+) hung: ", report)  # relayed by the rank that gave up: name the hung one's log
-        return (int(hung.group(1)) if hung else int(failed)), report
+        return RootCause(int(hung.group(1)) if hung else int(failed), report)
     if text.startswith(PeerHung.__name__ + ": "):
         text = text[len(PeerHung.__name__) + 2:]
-        return int(text.split()[1]), text  # "rank N hung: ...": the log worth reading is the hung rank's
+        return RootCause(int(text.split()[1]), text)  # "rank N hung: ...": the log worth reading is the hung rank's
     for prefix in (RankFailed.__name__ + ": ", PeerLost.__name__ + ": "):
         if text.startswith(prefix):
-            return rank, text[len(prefix):]
+            return RootCause(rank, text[len(prefix):])
     if failure.exitcode < 0:
-        return rank, f"rank {rank} was killed by signal {failure.signal_name()} (exit code {failure.exitcode})"
-    return rank, f"rank {rank} exited with code {failure.exitcode}" + (f": {text}" if text else "")
+        return RootCause(rank, f"rank {rank} was killed by signal {failure.signal_name()} (exit code {failure.exitcode})")
+    return RootCause(rank, f"rank {rank} exited with code {failure.exitcode}" + (f": {text}" if text else ""))
+

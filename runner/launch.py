@@ -28,7 +28,7 @@ from runner import worker
 from runner.agent import run_agent
 from runner.config import RunSpec, StopSignal
 from runner.errors import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, LaunchError, Preempted
-from runner.failures import root_cause
+from runner.failures import RootCause, root_cause
 from runner.signals import stop_during_startup
 
 log = logging.getLogger(__name__)
@@ -63,11 +63,14 @@ def elastic_launch(spec: RunSpec) -> dict[str, float]:
     stopped, failure = _ended(outcome)
     if stopped:
         raise Preempted(stopped, *_last_checkpoint(spec)) from None
-    rank, message = failure
-    raise LaunchError(f"{message}\n  its full log: {Path(spec.run_dir) / f'runner_rank{rank}.log'}") from None
+    rank_log = Path(spec.run_dir) / f"runner_rank{failure.rank}.log"
+    err = LaunchError(f"{failure.message}\n  its full log: {rank_log}")
+    err.keep = (rank_log,)  # a failure before training removes the new run dir, but not the log named here
+    err.resume_helps = failure.resume_helps
+    raise err from None
 
 
-def _ended(outcome) -> tuple[str | None, tuple[int, str] | None]:
+def _ended(outcome) -> tuple[str | None, RootCause | None]:
     """What the workers' exit codes say when they did not all return: all 75 (they stopped and sealed their
     checkpoint: the signal's name), all 130 (Ctrl-C: KeyboardInterrupt), or the root cause of a failure."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -80,7 +83,7 @@ def _ended(outcome) -> tuple[str | None, tuple[int, str] | None]:
         return (outcome.forwarded[0].name if outcome.forwarded else "a stop signal"), None
     if codes == {INTERRUPTED_EXIT_CODE}:
         raise KeyboardInterrupt
-    return None, root_cause(err.failures)
+    return None, root_cause(err.failures, outcome.exited)
 
 
 def _last_checkpoint(spec: RunSpec) -> tuple[int | None, Path | None]:
@@ -153,9 +156,25 @@ def _launch_script(hardware, command: list[str]) -> int:
     stopped, _ = _ended(outcome)
     if stopped:
         return PREEMPTED_EXIT_CODE
-    # A script leaves no report of its own (unless it uses torch's @record): say how each rank ended.
-    ended = "; ".join(f"rank {rank} {_how(failure)}" for rank, failure in sorted(outcome.error.failures.items()))
-    raise LaunchError(f"{ended}\n  their output: {log_dir}/<run id>/attempt_<n>/<local rank>/stderr.log")
+    raise LaunchError(f"{script_failure(outcome.error.failures, outcome.exited)}\n  their output: "
+                      f"{log_dir}/<run id>/attempt_<n>/<local rank>/stderr.log")
+
+
+def script_failure(failures: dict[int, object], exited: dict[int, float]) -> str:
+    """How each rank of a user's script ended, the one that failed first named first: a script leaves no report
+    of its own (unless it uses torch's @record), and once one rank fails the others fail on losing it, or are
+    ended by the launcher. `failures`: the launcher's {rank: ProcessFailure}; `exited`: {pid: exit time}."""
+    ended_by_launcher = (-signal.SIGTERM, -signal.SIGKILL)
+
+    def order(item) -> tuple:
+        rank, failure = item
+        return exited.get(failure.pid, float("inf")), failure.exitcode in ended_by_launcher, failure.timestamp, rank
+
+    (first, failure), *others = sorted(failures.items(), key=order)
+    text = f"rank {first} failed first: it {_how(failure)}"
+    if others:
+        text += "; then " + "; ".join(f"rank {rank} {_how(other)}" for rank, other in others)
+    return text
 
 
 def _how(failure) -> str:

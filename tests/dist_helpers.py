@@ -97,3 +97,12 @@ class WithAnUnusedLayer(nn.Module):
 
     def forward(self, tokens):
         return self.model(tokens)
+
+
+class FailsToBuild(FaultySeqTransformer):
+    """Raises while the model is built on rank `build_fail_rank`: a failure before training starts."""
+
+    def __init__(self, build_fail_rank: int = -1, **model_kwargs):
+        if int(os.environ.get("RANK", 0)) == build_fail_rank:
+            raise ValueError("injected failure while building the model")
+        super().__init__(**model_kwargs)

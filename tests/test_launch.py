@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 from runner.checks import launch_problems
 from runner.config import HardwareConfig, HardwareKind, RunConfig, RunSpec, StartMethod
-from runner.errors import DataError
-from runner.failures import PeerLost, RankFailed, mark_step, root_cause, worker_failure
+from runner.errors import ConfigError, DataError
+from runner.failures import PeerLost, RankFailed, RootCause, mark_step, root_cause, worker_failure
 from runner.devices import resolve_hardware
 from runner.dist import started_by_external_launcher
 from runner.agent import launch_config, leave_loky_start_method, omp_threads_for_workers
@@ -125,19 +125,19 @@ def test_root_cause_prefers_the_rank_that_raised_over_ranks_that_lost_it():
         1: _failure(1, {"message": "RankFailed: rank 1 failed after 2 optimizer step(s): ValueError: x"}, 100),
         2: _failure(-signal.SIGTERM, timestamp=98),
     }
-    assert root_cause(failures) == (1, "rank 1 failed after 2 optimizer step(s): ValueError: x")
+    assert root_cause(failures) == RootCause(1, "rank 1 failed after 2 optimizer step(s): ValueError: x")
 
 
 def test_root_cause_names_a_rank_killed_by_a_signal():
     failures = {0: _failure(-signal.SIGTERM, timestamp=5), 1: _failure(-signal.SIGKILL, timestamp=6)}
-    assert root_cause(failures) == (1, "rank 1 was killed by signal SIGKILL (exit code -9)")
+    assert root_cause(failures) == RootCause(1, "rank 1 was killed by signal SIGKILL (exit code -9)")
 
 
 def test_a_hung_rank_relayed_by_the_rank_that_gave_up_is_the_rank_named():
     hung = "rank 1 hung: it made no progress for 6 s (at optimizer step 2); rank 0 gave up waiting for it"
     failures = {0: _failure(-signal.SIGTERM, timestamp=5),
                 1: _failure(1, {"message": f"RelayedFailure: [0] {hung}"}, 6)}
-    assert root_cause(failures) == (1, hung)  # its log (runner_rank1.log) is the one worth reading
+    assert root_cause(failures) == RootCause(1, hung)  # its log (runner_rank1.log) is the one worth reading
 
 
 def test_a_joblib_loky_worker_falls_back_to_spawn(monkeypatch):
@@ -159,3 +159,17 @@ def test_workers_get_omp_threads_unless_the_user_set_them(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "8")
     with omp_threads_for_workers(3):
         assert os.environ["OMP_NUM_THREADS"] == "8"
+
+
+def test_a_rank_that_refuses_its_checkpoint_is_reported_as_one_resume_auto_cannot_fix():
+    from runner.errors import ResumeRefused
+
+    refusal = worker_failure(1, _raise(ResumeRefused("resume: ckpt was written by a run with 2 process(es)")))
+    assert str(refusal) == "resume: ckpt was written by a run with 2 process(es) (rank 1, before the first optimizer step)"
+    failures = {0: _failure(-signal.SIGTERM, timestamp=5),
+                1: _failure(1, {"message": f"{type(refusal).__name__}: {refusal}"}, 5)}
+    assert root_cause(failures) == RootCause(1, str(refusal), resume_helps=False)
+    other = worker_failure(1, _raise(ConfigError("x", "is bad")))
+    failures[1] = _failure(1, {"message": f"{type(other).__name__}: {other}"}, 5)
+    assert root_cause(failures).resume_helps
+

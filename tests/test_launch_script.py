@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import ROOT, read_jsonl, run_cli, run_dirs_under
-from runner.launch import split_command
+from runner.launch import script_failure, split_command
 
 SCRIPT = ROOT / "tests" / "scripts" / "handwritten_train.py"
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -63,10 +63,34 @@ def test_a_failing_script_is_one_message_with_its_exit_code_and_where_its_output
     # The scripts' own output (rank 0's traceback after losing its peer) is theirs to show; the runner adds one
     # paragraph at the end.
     summary = done.stderr[done.stderr.rindex("runner: error:"):]
-    # Rank 0 either fails on losing its peer (exit 1) or is ended by the launcher first (SIGTERM): a race.
-    assert re.match(r"runner: error: rank 0 (exited with code 1|was killed by signal SIGTERM); rank 1 exited with "
-                    r"code 3", summary), summary
+    # Rank 0 then either fails on losing its peer (exit 1) or is ended by the launcher (SIGTERM): a race. Rank 1,
+    # which failed first, is named first either way.
+    assert re.match(r"runner: error: rank 1 failed first: it exited with code 3; then rank 0 (exited with code 1|"
+                    r"was killed by signal SIGTERM)", summary), summary
     assert "their output: outputs/launch/" in summary
+
+
+def _failure(pid: int, exitcode: int, timestamp: int = 100):
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    failure = ProcessFailure.__new__(ProcessFailure)  # no error file to read: only what the message uses
+    failure.local_rank, failure.pid, failure.exitcode, failure.timestamp = 0, pid, exitcode, timestamp
+    return failure
+
+
+def test_the_rank_that_exited_first_is_named_first_whatever_its_number():
+    # Rank 1 failed (exit 3) 40 ms before rank 0 lost its peer (exit 1): the launcher's timestamps tie (seconds).
+    failures = {0: _failure(pid=10, exitcode=1), 1: _failure(pid=11, exitcode=3)}
+    assert script_failure(failures, {10: 5.04, 11: 5.0}) == (
+        "rank 1 failed first: it exited with code 3; then rank 0 exited with code 1")
+    # Exit times unknown: a rank the launcher ended (SIGTERM) is not the first failure.
+    failures = {0: _failure(pid=10, exitcode=-15), 1: _failure(pid=11, exitcode=3)}
+    assert script_failure(failures, {}) == (
+        "rank 1 failed first: it exited with code 3; then rank 0 was killed by signal SIGTERM")
+    # A rank killed by the kernel (SIGKILL) before anyone else exited is the root cause, SIGKILL or not.
+    failures = {0: _failure(pid=10, exitcode=1), 1: _failure(pid=11, exitcode=-9)}
+    assert script_failure(failures, {10: 2.5, 11: 2.0}).startswith("rank 1 failed first: it was killed by signal "
+                                                                    "SIGKILL")
 
 
 def test_the_script_s_arguments_are_passed_on_untouched():

@@ -293,3 +293,17 @@ def test_a_model_with_an_unused_parameter_needs_find_unused_parameters_and_then_
     told = cli(*unused, "parallel.find_unused_parameters=true", env=HELPERS_ENV, cwd=tmp_path / "told")
     assert told.returncode == 0, told.output
     assert [step for step, _ in read_scalars(told.run_dir(), "val/accuracy")] == [3]
+
+
+def test_a_rank_that_fails_before_training_keeps_the_log_its_message_names(cli):
+    result = cli(*FORK, *SMALL, "model._target_=dist_helpers.FailsToBuild", "+model.build_fail_rank=1",
+                 "allowed_targets=[runner.,torch.,dist_helpers.]", "hardware.shutdown_timeout_s=5", env=HELPERS_ENV)
+    assert result.returncode == 1, result.output
+    assert "ValueError: injected failure while building the model (rank 1, before the first optimizer step)" \
+        in result.stderr, result.stderr[-3000:]
+    rank_log = Path(re.search(r"its full log: (\S+)", result.stderr).group(1))
+    assert rank_log.name == "runner_rank1.log"
+    assert "ValueError: injected failure while building the model" in rank_log.read_text()
+    # Everything else this failed start created is gone: only the log the message names is left.
+    assert [path.name for path in rank_log.parent.iterdir()] == ["runner_rank1.log"]
+    assert result.run_dirs() == []
