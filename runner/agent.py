@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -66,29 +67,69 @@ def launch_config(hardware: Hardware, log_dir: Path, rank0_console: bool = False
         max_restarts=hardware.max_restarts,
         start_method=hardware.start_method.value,
         shutdown_timeout=hardware.shutdown_timeout_s,
-        logs_specs=(rank_logs(log_dir, redirects={rank: Std.NONE if rank == 0 else Std.ALL
-                                                  for rank in range(hardware.processes_per_machine)}, tee=Std.NONE)
+        logs_specs=(rank_logs(log_dir, announce_restart(log_dir.parent),
+                              redirects={rank: Std.NONE if rank == 0 else Std.ALL
+                                         for rank in range(hardware.processes_per_machine)}, tee=Std.NONE)
                     if rank0_console else rank_logs(log_dir, redirects=Std.ALL, tee=Std.ALL)),
         log_line_prefix_template="[rank${rank}]:",
         **rendezvous,
     )
 
 
-def rank_logs(log_dir: Path, **kwargs):
+def rank_logs(log_dir: Path, on_restart=None, **kwargs):
     """Each rank's raw stdout/stderr under `log_dir`, as torch's DefaultLogsSpecs lays them out; the small error
     files the agent reads a failing rank's report from go to a temporary folder instead, so a full disk under
-    the run dir cannot truncate them (the agent would then fail on its own JSON)."""
+    the run dir cannot truncate them (the agent would then fail on its own JSON). The agent lays out each attempt
+    anew: on a restart, `on_restart(restart, max_restarts, {global rank: (report, written)})` gets the failed
+    attempt's reports."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 
     class RankLogs(DefaultLogsSpecs):
+        previous: dict[int, Path] = {}  # global rank -> error file of the attempt before
+
         def reify(self, envs):
             logs = super().reify(envs)
+            any_env = next(iter(envs.values()))
+            restart = int(any_env.get("TORCHELASTIC_RESTART_COUNT", "0"))
+            if restart > 0 and on_restart is not None:
+                on_restart(restart, int(any_env.get("TORCHELASTIC_MAX_RESTARTS", "0")), _reports(self.previous))
             errors = Path(tempfile.mkdtemp(prefix="runner-errors-"))
+            self.previous = {}
             for rank in logs.error_files:
                 logs.error_files[rank] = envs[rank]["TORCHELASTIC_ERROR_FILE"] = str(errors / f"error_{rank}.json")
+                self.previous[int(envs[rank]["RANK"])] = Path(logs.error_files[rank])
             return logs
 
     return RankLogs(log_dir=str(log_dir), **kwargs)
+
+
+def _reports(error_files: dict[int, Path]) -> dict[int, tuple[str, float]]:
+    """{rank: (the message of its error file, when it was written)} for the ranks that left one."""
+    import json
+
+    found = {}
+    for rank, path in error_files.items():
+        try:
+            data = json.loads(path.read_text())
+            message = data["message"]
+            found[rank] = (message.get("message", "") if isinstance(message, dict) else str(message),
+                           path.stat().st_mtime)
+        except (OSError, ValueError, KeyError):
+            continue
+    return found
+
+
+def announce_restart(run_dir: Path):
+    """The runner's own workers: print why the group restarts and from where (hardware.max_restarts)."""
+
+    def announce(restart: int, max_restarts: int, reports: dict[int, tuple[str, float]]) -> None:
+        from runner.checkpoint import newest_complete_step
+        from runner.failures import restart_line
+
+        print(restart_line(reports, restart, max_restarts, newest_complete_step(run_dir / "checkpoints")),
+              file=sys.stderr, flush=True)
+
+    return announce
 
 
 def run_agent(hardware: Hardware, log_dir: Path, entrypoint: Any, args: tuple, stop_signals,

@@ -160,3 +160,20 @@ def root_cause(failures: dict[int, object], exited: dict[int, float] | None = No
         return RootCause(rank, f"rank {rank} was killed by signal {failure.signal_name()} (exit code {failure.exitcode})")
     return RootCause(rank, f"rank {rank} exited with code {failure.exitcode}" + (f": {text}" if text else ""))
 
+
+def restart_line(reports: dict[int, tuple[str, float]], restart: int, max_restarts: int, step: int | None) -> str:
+    """The console line for a restart of the runner's own workers (hardware.max_restarts): the rank that failed,
+    the last line of its error, then "restart k of n from step S". `reports`: {rank: (its error report, when it was
+    written)} from the failed attempt's error files (ranks ended by the launcher leave none)."""
+    from types import SimpleNamespace
+
+    failures = {rank: SimpleNamespace(exitcode=1, message={"message": text}, timestamp=written, pid=None)
+                for rank, (text, written) in reports.items()}
+    if failures:
+        cause = root_cause(failures)
+        lines = [line.strip() for line in cause.message.strip().splitlines() if line.strip()]
+        failed = f"rank {cause.rank} failed: {lines[-1] if lines else '(no message)'}"
+    else:
+        failed = "a rank failed without a report (killed, or it crashed)"
+    start = "the start (no checkpoint yet)" if step is None else f"step {step}"
+    return f"runner: {failed}; restart {restart} of {max_restarts} from {start}"

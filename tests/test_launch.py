@@ -173,3 +173,14 @@ def test_a_rank_that_refuses_its_checkpoint_is_reported_as_one_resume_auto_canno
     failures[1] = _failure(1, {"message": f"{type(other).__name__}: {other}"}, 5)
     assert root_cause(failures).resume_helps
 
+
+def test_a_restart_names_the_failed_rank_its_error_s_last_line_and_the_step_it_continues_from():
+    from runner.failures import restart_line
+
+    failed = worker_failure(1, _raise(ValueError("injected failure at training forward 6")))
+    lost = "PeerLost: rank 0 stopped after 5 optimizer step(s): it lost a peer (RuntimeError: Connection closed by peer)"
+    reports = {0: (lost, 10.0), 1: (f"{type(failed).__name__}: {failed}", 10.0)}
+    assert restart_line(reports, 1, 2, 4) == (
+        "runner: rank 1 failed: ValueError: injected failure at training forward 6; restart 1 of 2 from step 4")
+    assert restart_line({}, 2, 2, None) == ("runner: a rank failed without a report (killed, or it crashed); restart 2 "
+                                            "of 2 from the start (no checkpoint yet)")

@@ -154,6 +154,9 @@ def test_a_rank_that_crashes_once_is_restarted_and_the_run_ends_as_if_it_never_h
                       "hardware.max_restarts=1", cwd=tmp_path / "crashing", env=helpers)
     assert crashed.returncode == 0, crashed.output
     assert "restart 1: continuing from" in crashed.output
+    # The console says why, before the restarted group starts: the failed rank, its error's last line, from where.
+    assert "runner: rank 1 failed: ValueError: injected failure at training forward 6; restart 1 of 1 from step " \
+           "4" in crashed.stderr, crashed.stderr[-3000:]
     for name, value in load_file(reference.run_dir() / "export" / "final.safetensors").items():
         assert torch.equal(load_file(crashed.run_dir() / "export" / "final.safetensors")[name], value), name
 
