@@ -39,10 +39,28 @@ RANK_OUTPUT_DIR = "ranks"  # the agent's raw stdout/stderr of every rank, under 
 def launch(spec: RunSpec) -> dict[str, float]:
     hardware = spec.hardware
     if hardware.external_launcher:
+        warn_shared_store_on_restart()
         return worker.run(spec, keep_process_group=True)
     if hardware.launches_processes:
         return elastic_launch(spec)
     return worker.run(spec)
+
+
+SHARED_STORE_SWITCH = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
+
+def warn_shared_store_on_restart() -> None:
+    """A group torchrun restarted (--max-restarts) while sharing its rendezvous store with the workers: measured on
+    gloo, 1 restart in 3 hung silently and 2 failed with "connection refused" on a stale address in that store;
+    with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in torchrun's own environment every restart was clean. It must be set
+    before torchrun starts, so the runner can only say so (its own launcher sets it: agent.fresh_stores_on_restart)."""
+    from runner.dist import external_rank, restart_count
+
+    if restart_count() > 0 and os.environ.get(SHARED_STORE_SWITCH) != "1" and external_rank() in (None, 0):
+        log.warning("torchrun restarted this group (restart %d) without %s=1 in its environment: a restarted group "
+                    "can hang or fail with \"connection refused\" on a stale address in torch's shared rendezvous "
+                    "store; start torchrun as `%s=1 torchrun --max-restarts N ...`", restart_count(),
+                    SHARED_STORE_SWITCH, SHARED_STORE_SWITCH)
 
 
 def elastic_launch(spec: RunSpec) -> dict[str, float]:

@@ -174,6 +174,24 @@ def test_a_rank_that_refuses_its_checkpoint_is_reported_as_one_resume_auto_canno
     assert root_cause(failures).resume_helps
 
 
+def test_a_torchrun_restart_sharing_its_store_is_warned_about(monkeypatch, caplog):
+    from runner.launch import warn_shared_store_on_restart
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.delenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", raising=False)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    with caplog.at_level("WARNING", logger="runner.launch"):
+        warn_shared_store_on_restart()  # the first attempt: nothing to say
+        assert caplog.text == ""
+        monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+        warn_shared_store_on_restart()
+        assert "torchrun restarted this group (restart 1) without TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in caplog.text
+        caplog.clear()
+        monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+        warn_shared_store_on_restart()
+        assert caplog.text == ""
+
+
 def test_a_restart_names_the_failed_rank_its_error_s_last_line_and_the_step_it_continues_from():
     from runner.failures import restart_line
 
