@@ -29,7 +29,7 @@ from runner.agent import run_agent
 from runner.config import RunSpec, StopSignal
 from runner.errors import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, LaunchError, Preempted
 from runner.failures import RootCause, root_cause
-from runner.signals import stop_during_startup
+from runner.signals import stop_during_startup, stop_signals
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def elastic_launch(spec: RunSpec) -> dict[str, float]:
         os.getpid(), Path(spec.run_dir) / "runner_rank<N>.log",
     )
     outcome = run_agent(hardware, Path(spec.run_dir) / RANK_OUTPUT_DIR, worker.run_spawned, (spec,),
-                        [_signal(name) for name in spec.config.checkpoint.stop_signals], rank0_console=True)
+                        stop_signals(spec.config.checkpoint.stop_signals), rank0_console=True)
     if outcome.results is not None:
         return outcome.results[min(outcome.results)]
     stopped, failure = _ended(outcome)
@@ -112,10 +112,6 @@ def _last_checkpoint(spec: RunSpec) -> tuple[int | None, Path | None]:
     step = newest_complete_step(checkpoints)
     saved = checkpoints / checkpoint_name(step) if step is not None and spec.config.checkpoint.enabled else None
     return step, saved
-
-
-def _signal(name) -> signal.Signals:
-    return signal.Signals[str(getattr(name, "value", name))]
 
 
 # -- python -m runner.launch: a user's own script ------------------------------------------------------------------
@@ -165,10 +161,11 @@ def _launch_script(hardware, command: list[str]) -> int:
     log_dir = Path("outputs") / "launch" / time.strftime("%Y-%m-%d") / time.strftime("%H-%M-%S") / RANK_OUTPUT_DIR
     print(f"runner: {hardware.world_size} process(es) of {' '.join(command)}; their output: {log_dir}",
           file=sys.stderr)
-    stop_signals = [_signal(StopSignal.SIGTERM), _signal(StopSignal.SIGUSR1)]
+    # Passed on to the script's ranks (they decide what a signal means); SIGUSR2 too under submitit.
+    forwarded = stop_signals([StopSignal.SIGTERM, StopSignal.SIGUSR1])
     # Each rank goes through runner.rank_exec, which ties its life to this process's, then becomes the script.
     ranks_command = ("-m", "runner.rank_exec", str(os.getpid()), *command)
-    outcome = run_agent(hardware, log_dir.resolve(), sys.executable, ranks_command, stop_signals)
+    outcome = run_agent(hardware, log_dir.resolve(), sys.executable, ranks_command, forwarded)
     if outcome.results is not None:
         return 0
     stopped, _ = _ended(outcome)

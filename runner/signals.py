@@ -20,6 +20,23 @@ from runner.errors import Preempted
 STARTUP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGUSR1") if hasattr(signal, name))
 
 
+# submitit asks SLURM for SIGUSR2 before the time limit (`--signal=USR2@120` in the script it writes); its job
+# scripts set SUBMITIT_EXECUTOR (slurm) or SUBMITIT_LOCAL_JOB_ID (its local executor).
+SUBMITIT_SIGNAL = "SIGUSR2"
+SUBMITIT_MARKERS = ("SUBMITIT_EXECUTOR", "SUBMITIT_LOCAL_JOB_ID")
+
+
+def stop_signals(configured) -> list[signal.Signals]:
+    """checkpoint.stop_signals as signals; under submitit (hydra/launcher=slurm) SIGUSR2 too, so a job nearing its
+    time limit stops cleanly instead of dying. An empty list stays empty: the user asked for default behaviour."""
+    import os
+
+    names = [str(getattr(name, "value", name)) for name in configured]
+    if names and SUBMITIT_SIGNAL not in names and any(marker in os.environ for marker in SUBMITIT_MARKERS):
+        names.append(SUBMITIT_SIGNAL)
+    return [signal.Signals[name] for name in names]
+
+
 def _stop_at_process_start(signum, frame):
     raise Preempted(signal.Signals(signum).name, None, None)
 
@@ -53,7 +70,7 @@ class StopSignals:
     """Installed by the worker for the run's duration; the loop asks `requested()` after each optimizer step."""
 
     def __init__(self, names: list[str], distributed: bool = False):
-        self.signals = [signal.Signals[str(getattr(name, "value", name))] for name in names]
+        self.signals = stop_signals(names)
         self.received: signal.Signals | None = None
         self._previous: dict[signal.Signals, object] = {}
         self._group = None

@@ -25,6 +25,21 @@ def test_stop_signals_record_the_configured_signal_only():
     signal.signal(signal.SIGUSR1, signal.SIG_DFL)
 
 
+def test_under_submitit_sigusr2_its_requeue_signal_also_stops_the_run(monkeypatch):
+    from runner.signals import stop_signals
+
+    monkeypatch.delenv("SUBMITIT_EXECUTOR", raising=False)
+    monkeypatch.delenv("SUBMITIT_LOCAL_JOB_ID", raising=False)
+    assert stop_signals(["SIGTERM", "SIGUSR1"]) == [signal.SIGTERM, signal.SIGUSR1]
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
+    assert stop_signals(["SIGTERM", "SIGUSR1"]) == [signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2]
+    assert stop_signals([]) == []  # the user asked for every signal's default behaviour
+    with StopSignals(["SIGTERM"]) as stop:
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert stop.requested() and stop.name == "SIGUSR2"
+    signal.signal(signal.SIGUSR2, signal.SIG_DFL)
+
+
 def test_without_a_signal_the_previous_handlers_come_back():
     before = signal.getsignal(signal.SIGUSR1)
     with StopSignals(["SIGUSR1"]) as stop:
