@@ -305,9 +305,26 @@ def _load_weights(path: Path, model: nn.Module) -> None:
         )
 
 
+def read_config(file: Path) -> dict:
+    """A checkpoint's (or export's) config.yaml as plain data. yaml.safe_load builds no objects, so a python tag
+    (`!!python/object/apply:...`) runs nothing; it is refused with this message instead of a ConstructorError."""
+    try:
+        saved = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).strip().splitlines()[0]
+        raise CheckpointError(
+            f"{file} is not plain YAML data{where} ({problem.strip()}): the runner reads a checkpoint's config.yaml "
+            "as data only and builds no objects from it, so nothing in it was run. It was altered after it was "
+            "written or not written by the runner: use another checkpoint, or restore the file from the run's own "
+            "config.yaml") from None
+    return saved if isinstance(saved, dict) else {}
+
+
 def _warn_config_changes(path: Path, resolved: dict) -> None:
     try:
-        saved = yaml.safe_load((path / CONFIG_FILE).read_text(encoding="utf-8"))
+        saved = read_config(path / CONFIG_FILE)
     except OSError:
         saved = {}
     before, now = _flatten(saved or {}), _flatten(resolved)

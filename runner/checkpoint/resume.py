@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from runner.checkpoint import files
+from runner.checkpoint import files, safe_dcp
 from runner.errors import CheckpointError, ConfigError
 
 log = logging.getLogger(__name__)
@@ -24,7 +24,17 @@ AUTO = "auto"
 
 
 def find_resume(resume: str | None, run_dir: Path, verify: bool = True) -> Path | None:
-    """The checkpoint to resume from, or None to start from scratch. Raises CheckpointError when none is usable."""
+    """The checkpoint to resume from, or None to start from scratch. Raises CheckpointError when none is usable,
+    or when the chosen one holds pickled code (checked here, in the parent, before any worker starts)."""
+    found = _find_resume(resume, run_dir, verify)
+    if found is not None:
+        manifest = files.read_manifest(found)
+        if manifest is not None and files.layout_of(manifest) is files.Layout.dcp:
+            safe_dcp.read_metadata(found)
+    return found
+
+
+def _find_resume(resume: str | None, run_dir: Path, verify: bool) -> Path | None:
     if not resume:
         refuse_to_overwrite(run_dir)
         return None
