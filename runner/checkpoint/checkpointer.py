@@ -194,7 +194,7 @@ class Checkpointer:
             if self.settings.export and (best or final):
                 self._export(path, about, best, final, weights)
             self._apply_retention()
-        except OSError as err:
+        except files.WRITE_ERRORS as err:
             raise write_error(err, self.export_dir, f"the export of {path.name} (the checkpoint itself is "
                                                     "complete)") from err
         return path
