@@ -92,10 +92,17 @@ def write_error(err: Exception, path: Path | str, what: str) -> WriteError:
     """The one-line error for a failed write of `path` (`what`: e.g. "checkpoint step 40"). Call it before
     removing partial files: libraries that write through their own streams (torch.save, safetensors) raise a
     RuntimeError on a full disk, so a disk left with almost no free space is taken for the cause."""
-    if getattr(err, "errno", None) in DISK_FULL_ERRNOS or _almost_full(Path(path)):
+    if getattr(err, "errno", None) in DISK_FULL_ERRNOS or _names_a_full_disk(err) or _almost_full(Path(path)):
         return DiskFull(f"no space left on the disk holding {path} while writing {what}")
     reason = getattr(err, "strerror", None) or str(err).strip().splitlines()[0]
     return WriteError(f"could not write {path} while writing {what}: {reason}")
+
+
+def _names_a_full_disk(err: Exception) -> bool:
+    """safetensors' SafetensorError carries the OS error only in its text ("... No space left on device ...")."""
+    import os
+
+    return any(os.strerror(code) in str(err) for code in DISK_FULL_ERRNOS)
 
 
 def _almost_full(path: Path) -> bool:

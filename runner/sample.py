@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-import yaml
 
 from runner.errors import ConfigError, RunnerError
 
@@ -81,7 +80,9 @@ def load_model(weights: Path, config_file: Path) -> torch.nn.Module:
 
     from runner.build import build_model, target_problems
 
-    config = yaml.safe_load(config_file.read_text(encoding="utf-8"))
+    from runner.checkpoint.checkpointer import read_config
+
+    config = read_config(config_file)
     problems = target_problems({"model": config["model"]}, config["allowed_targets"])
     if problems:
         raise ConfigError(problems)

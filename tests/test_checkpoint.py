@@ -126,6 +126,37 @@ def test_disk_full_while_saving_keeps_the_previous_checkpoint_and_removes_partia
     assert read_pointer(tmp_path / "checkpoints") == "step_00000001" and damage(previous) is None
 
 
+@pytest.mark.parametrize("message, expected", [
+    ("Error while serializing: I/O error: No space left on device (os error 28)",
+     "no space left on the disk holding {final} while writing checkpoint step 2"),
+    ("Error while serializing: I/O error: Input/output error (os error 5)",
+     "could not write {final} while writing checkpoint step 2: Error while serializing: I/O error: Input/output "
+     "error (os error 5)"),
+])
+def test_a_safetensors_error_while_writing_the_weights_is_the_write_error_and_leaves_no_partial_folder(
+        tmp_path, monkeypatch, message, expected):
+    """safetensors raises its own SafetensorError (neither OSError nor RuntimeError) when the disk fills up."""
+    from safetensors import SafetensorError
+
+    model, optimizer = _objects()
+    checkpointer = _checkpointer(tmp_path)
+    _save(checkpointer, model, optimizer, step=1)
+
+    def full_disk(model, path, *args, **kwargs):
+        with open(path, "wb") as handle:
+            handle.write(b"\0" * 1000)
+        raise SafetensorError(message)
+
+    monkeypatch.setattr(checkpointer_module, "save_model", full_disk)
+    with pytest.raises(WriteError) as caught:
+        _save(checkpointer, model, optimizer, step=2)
+    final = tmp_path / "checkpoints" / "step_00000002"
+    assert str(caught.value) == expected.format(final=final) + (
+        " (its partial files were removed; earlier checkpoints are untouched)")
+    assert isinstance(caught.value, DiskFull) == ("No space" in message)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "step_00000001"]
+
+
 @pytest.mark.parametrize("crash_in", ["write_pointer", "fsync_path", "_replace_dir"])
 def test_a_crash_at_any_stage_leaves_a_loadable_checkpoint(tmp_path, monkeypatch, crash_in):
     model, optimizer = _objects()

@@ -26,8 +26,8 @@ from runner.checkpoint.hf_export import export_pretrained
 from runner.checkpoint.resume import refuse_another_world_size
 from runner.checkpoint.rng import capture_rng, restore_rng
 from runner.config import CheckpointConfig, MonitorMode
-from runner.dist import all_gather_object, barrier
-from runner.errors import CheckpointError, ResumeRefused, write_error
+from runner.dist import all_gather_object, all_reduce, barrier
+from runner.errors import CheckpointError, NonFiniteLoss, ResumeRefused, write_error
 from runner.parallel import is_sharded
 from runner.prepared import unwrap_optimizer
 
@@ -106,6 +106,7 @@ class Checkpointer:
         improved = self._track_best(position["step"], metrics.get(self.monitor))
         if self.writer:
             self._finish_pending()
+        self._refuse_nonfinite(model, unwrap_optimizer(optimizer), position["step"])
         state = {**state, "per_rank": per_rank, "checkpointer": self.state_dict()}
         if self.layout is Layout.dcp:
             path = self._write_sharded(model, unwrap_optimizer(optimizer), state, position, metrics, improved, final)
@@ -126,6 +127,23 @@ class Checkpointer:
             self._finish_pending()
         barrier()
 
+    def _refuse_nonfinite(self, model: nn.Module, optimizer, step: int) -> None:
+        """Every rank: a NaN or inf in the weights or the optimizer state (a NaN gradient with a finite loss puts
+        one there) must not become the newest checkpoint, which resume=auto would load and fail on again. Buffers
+        are not checked: a -inf attention mask is legitimate."""
+        nonfinite = torch.tensor([0.0 if tensors_are_finite(trained_tensors(model, optimizer)) else 1.0],
+                                 device=_device_of(model))
+        if all_reduce(nonfinite, "max").item() == 0:
+            return
+        found = files.complete_checkpoints(self.directory)  # rank 0 sealed the previous one before the reduce
+        last = (f"resume=auto continues from {found[-1][0].name}, the last finite checkpoint" if found else
+                "no checkpoint was saved before it, so resume=auto starts from scratch")
+        raise NonFiniteLoss(
+            f"checkpoint: the weights or optimizer state held NaN or inf after optimizer step {step} (a NaN or inf "
+            f"gradient can do this while the loss is still finite), so {files.checkpoint_name(step)} was not saved; "
+            f"{last}. Resuming repeats the same steps, so first lower optimizer.lr, clip gradients with "
+            "trainer.max_grad_norm, or set trainer.on_nonfinite=skip to skip steps with non-finite gradients")
+
     def _finish_pending(self) -> None:
         pending, self._pending = self._pending, None
         if pending is not None:
@@ -144,6 +162,7 @@ class Checkpointer:
             **position,
             "world_size": self.world_size,
             "layout": self.layout.value,
+            "finite": True,  # checked before every save: resume=auto passes over checkpoints marked otherwise
             "config_hash": config_hash(self.resolved),
             "monitor": self.monitor,
             "monitor_value": value if value is not None and math.isfinite(value) else None,
@@ -194,7 +213,7 @@ class Checkpointer:
             if self.settings.export and (best or final):
                 self._export(path, about, best, final, weights)
             self._apply_retention()
-        except OSError as err:
+        except files.WRITE_ERRORS as err:
             raise write_error(err, self.export_dir, f"the export of {path.name} (the checkpoint itself is "
                                                     "complete)") from err
         return path
@@ -228,6 +247,35 @@ class Checkpointer:
         for path, _ in found:
             if path not in keep:
                 files.remove_checkpoint(path)
+
+
+def trained_tensors(model: nn.Module, optimizer) -> list[torch.Tensor]:
+    """The parameters and the optimizer state's floating tensors, each as this process holds it (a sharded
+    tensor's local shard: every rank checks its own, one all-reduce combines the verdicts)."""
+    from torch.distributed.tensor import DTensor
+
+    tensors = list(model.parameters())
+    if optimizer is not None:
+        tensors += [value for state in optimizer.state.values() for value in state.values()
+                    if isinstance(value, torch.Tensor)]
+    local = [tensor.to_local() if isinstance(tensor, DTensor) else tensor for tensor in tensors]
+    return [tensor.detach() for tensor in local if tensor.is_floating_point() and tensor.numel()]
+
+
+def tensors_are_finite(tensors: list[torch.Tensor]) -> bool:
+    """One fused pass per device: the largest magnitude of each tensor (NaN propagates through max, and unlike a
+    sum of squares it cannot overflow), then one check of those few numbers."""
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for tensor in tensors:
+        by_device.setdefault(tensor.device, []).append(tensor)
+    return all(bool(torch.stack([peak.float() for peak in torch._foreach_norm(group, float("inf"))]).isfinite().all())
+               for group in by_device.values())
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    """Where the all-reduce's one number lives: the model's device (NCCL reduces only device tensors)."""
+    parameter = next(model.parameters(), None)
+    return parameter.device if parameter is not None else torch.device("cpu")
 
 
 def restore(path: Path, model: nn.Module, optimizer=None, scheduler=None, scaler=None, *, rank: int = 0,
@@ -305,9 +353,26 @@ def _load_weights(path: Path, model: nn.Module) -> None:
         )
 
 
+def read_config(file: Path) -> dict:
+    """A checkpoint's (or export's) config.yaml as plain data. yaml.safe_load builds no objects, so a python tag
+    (`!!python/object/apply:...`) runs nothing; it is refused with this message instead of a ConstructorError."""
+    try:
+        saved = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).strip().splitlines()[0]
+        raise CheckpointError(
+            f"{file} is not plain YAML data{where} ({problem.strip()}): the runner reads a checkpoint's config.yaml "
+            "as data only and builds no objects from it, so nothing in it was run. It was altered after it was "
+            "written or not written by the runner: use another checkpoint, or restore the file from the run's own "
+            "config.yaml") from None
+    return saved if isinstance(saved, dict) else {}
+
+
 def _warn_config_changes(path: Path, resolved: dict) -> None:
     try:
-        saved = yaml.safe_load((path / CONFIG_FILE).read_text(encoding="utf-8"))
+        saved = read_config(path / CONFIG_FILE)
     except OSError:
         saved = {}
     before, now = _flatten(saved or {}), _flatten(resolved)

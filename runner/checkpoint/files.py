@@ -30,7 +30,13 @@ from enum import Enum
 from pathlib import Path
 from typing import Callable
 
+from safetensors import SafetensorError
+
 from runner.errors import write_error
+
+# What a checkpoint writer raises when a file cannot be written: torch.save raises RuntimeError and safetensors its
+# own SafetensorError (neither an OSError) on a full disk.
+WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)
 
 MANIFEST = "manifest.json"
 LATEST = "latest"
@@ -89,7 +95,7 @@ def write_files(directory: Path, name: str, writers: dict[str, Callable[[Path], 
     try:
         for file_name, write in writers.items():
             write(partial / file_name)
-    except (OSError, RuntimeError) as err:  # torch.save and safetensors raise RuntimeError on a full disk
+    except WRITE_ERRORS as err:
         failure = _write_failure(directory / name, err)  # before the partial files free their space again
         shutil.rmtree(partial, ignore_errors=True)
         raise failure from err

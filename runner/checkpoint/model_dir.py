@@ -60,7 +60,7 @@ def save_weights(weights: dict[str, torch.Tensor], split, directory: Path) -> No
             index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
             files.write_text_durably(directory / INDEX_FILE, json.dumps(index, indent=2),
                                      temporary=directory / f"{files.PARTIAL_PREFIX}{INDEX_FILE}")
-    except (OSError, RuntimeError) as err:  # safetensors reports a full disk as a RuntimeError
+    except files.WRITE_ERRORS as err:
         failure = write_error(err, directory, "the model's weights")
         for temporary in shards.values():
             temporary.unlink(missing_ok=True)

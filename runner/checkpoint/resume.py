@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from runner.checkpoint import files
+from runner.checkpoint import files, safe_dcp
 from runner.errors import CheckpointError, ConfigError, ResumeRefused
 
 log = logging.getLogger(__name__)
@@ -24,7 +24,17 @@ AUTO = "auto"
 
 
 def find_resume(resume: str | None, run_dir: Path, verify: bool = True) -> Path | None:
-    """The checkpoint to resume from, or None to start from scratch. Raises CheckpointError when none is usable."""
+    """The checkpoint to resume from, or None to start from scratch. Raises CheckpointError when none is usable,
+    or when the chosen one holds pickled code (checked here, in the parent, before any worker starts)."""
+    found = _find_resume(resume, run_dir, verify)
+    if found is not None:
+        manifest = files.read_manifest(found)
+        if manifest is not None and files.layout_of(manifest) is files.Layout.dcp:
+            safe_dcp.read_metadata(found)
+    return found
+
+
+def _find_resume(resume: str | None, run_dir: Path, verify: bool) -> Path | None:
     if not resume:
         refuse_to_overwrite(run_dir)
         return None
@@ -37,6 +47,7 @@ def find_resume(resume: str | None, run_dir: Path, verify: bool = True) -> Path 
     path = Path(resume).expanduser().resolve()
     if (path / files.MANIFEST).is_file() or path.name.startswith("step_"):
         reason = files.damage(path, verify) if path.is_dir() else f"{path} does not exist"
+        reason = reason or nonfinite_reason(path)
         if reason:
             raise CheckpointError(f"resume: cannot load {path}: {reason}")
         return path
@@ -58,6 +69,10 @@ def newest_intact(directory: Path, verify: bool = True) -> Path | None:
     skipped = []
     for path in reversed(candidates):
         reason = files.damage(path, verify)
+        if reason is None and (nonfinite := nonfinite_reason(path)):
+            log.warning("resume: passing over checkpoint %s: %s", path.name, nonfinite)
+            skipped.append(f"{path.name}: {nonfinite}")
+            continue
         if reason is None:
             if skipped:
                 log.warning("resume: falling back to %s, the newest intact checkpoint (skipped: %s)",
@@ -68,6 +83,17 @@ def newest_intact(directory: Path, verify: bool = True) -> Path | None:
     if skipped:
         raise CheckpointError(f"resume: every checkpoint in {directory} is damaged: {'; '.join(skipped)}")
     return None
+
+
+def nonfinite_reason(path: Path) -> str | None:
+    """Why the checkpoint at `path` is not to be resumed from for NaN or inf in its weights, or None. The runner
+    checks the weights and optimizer state before sealing and records "finite": true in the manifest. A
+    checkpoint written before that check is taken as is: its files alone cannot tell a NaN-trained weight from a
+    legitimate -inf buffer (an attention mask) saved beside the weights, and passing over a good checkpoint would
+    throw away training; a non-finite one still stops at its first logged loss with trainer.on_nonfinite's
+    message."""
+    manifest = files.read_manifest(path) or {}
+    return None if manifest.get("finite", True) else "its manifest says its weights hold NaN or inf"
 
 
 def refuse_another_world_size(path: Path, world_size: int) -> None:

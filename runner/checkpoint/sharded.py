@@ -12,13 +12,14 @@ state by parameter name instead of by position.
 
 from __future__ import annotations
 
+import pickle
 import shutil
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from runner.checkpoint import files
+from runner.checkpoint import files, safe_dcp
 from runner.dist import barrier
 from runner.errors import CheckpointError, write_error
 
@@ -67,9 +68,13 @@ def load(path: Path, entries: dict[str, tuple[nn.Module, torch.optim.Optimizer |
 
     state = {key: optimizer_state(model, optimizer) if optimizer is not None else model_state(model)
              for key, (model, optimizer) in entries.items()}
+    reader = safe_dcp.reader(path)  # refuses a .metadata that is not plain DCP metadata, before DCP reads it
     try:
-        dcp.load(state, checkpoint_id=str(path), no_dist=not distributed)
+        dcp.load(state, storage_reader=reader, planner=safe_dcp.planner(), no_dist=not distributed)
     except (RuntimeError, ValueError, KeyError, CheckpointException) as err:
+        if isinstance(_root_cause(err), pickle.UnpicklingError):  # a non-tensor value that is not plain data
+            raise safe_dcp.refusal(path, f"a value in the shards (__<rank>_0.distcp) of {path}",
+                                   _first_line(_root_cause(err))) from None
         raise CheckpointError(f"resume: the sharded weights and optimizer state in {path} do not fit this run: "
                               f"{_first_line(_root_cause(err))}") from None
     for key, (model, optimizer) in entries.items():

@@ -1,0 +1,149 @@
+"""What a checkpoint can do to the machine that loads it: nothing but hand over tensors and plain values. An altered
+checkpoint, resealed so that its hashes match, is refused with one message, and nothing it names is run."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import pickle
+
+import pytest
+import torch
+
+from runner.checkpoint import MANIFEST, Checkpointer, damage, find_resume, restore, sharded
+from runner.checkpoint import safe_dcp
+from runner.checkpoint.checkpointer import read_config
+from runner.checkpoint.files import Layout, block_digests, read_manifest
+from runner.config import CheckpointConfig, MonitorMode
+from runner.errors import CheckpointError
+from runner.models import MLP
+
+RESOLVED = {"model": {"_target_": "runner.models.MLP", "in_features": 4, "out_features": 3, "hidden": [8]},
+            "seed": 0, "resume": None}
+
+
+def _objects(seed: int = 0):
+    torch.manual_seed(seed)
+    model = MLP(4, 3, hidden=[8])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(5, 4)).sum().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def _sharded_run(run_dir, steps=(1, 2)):
+    """A run dir with sharded (parallel=fsdp layout) checkpoints, written by one process."""
+    model, optimizer = _objects()
+    checkpointer = Checkpointer(run_dir, CheckpointConfig(), writer=True, monitor="val/accuracy",
+                                monitor_mode=MonitorMode.max, world_size=1, resolved=RESOLVED, layout=Layout.dcp)
+    for step in steps:
+        checkpointer.save(model, {"loop": {"step": step}}, {"step": step, "epoch": 0, "batch_in_epoch": step}, {},
+                          optimizer=optimizer)
+        checkpointer.wait()
+    return run_dir / "checkpoints"
+
+
+def reseal(path):
+    """What an attacker with write access does after altering a file: recompute the manifest's sizes and hashes."""
+    manifest = read_manifest(path)
+    digests = block_digests([path / name for name in manifest["files"]])
+    manifest["files"] = {name: {"size": (path / name).stat().st_size, "sha256": digests[path / name]}
+                         for name in manifest["files"]}
+    (path / MANIFEST).write_text(json.dumps(manifest))
+    assert damage(path) is None
+
+
+class TouchesAFile:
+    """Unpickled, it creates `marker`: stands for any command."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return pathlib.Path.touch, (pathlib.Path(self.marker),)
+
+
+def _plant_in_metadata(checkpoint, payload):
+    """The genuine metadata with `payload` tucked inside it: it still loads normally if the payload runs."""
+    metadata = safe_dcp.read_metadata(checkpoint)
+    metadata.storage_meta.modules = [payload]
+    (checkpoint / ".metadata").write_bytes(pickle.dumps(metadata))
+    reseal(checkpoint)
+
+
+def test_a_resealed_metadata_that_runs_code_is_refused_on_resume_auto_and_named_and_nothing_runs(tmp_path):
+    checkpoints = _sharded_run(tmp_path / "run")
+    marker = tmp_path / "ran"
+    _plant_in_metadata(checkpoints / "step_00000002", TouchesAFile(marker))
+    with open(checkpoints / "step_00000002" / ".metadata", "rb") as handle:  # plain pickle would have run it
+        assert b"touch" in handle.read()
+
+    expected = (rf"resume: {checkpoints / 'step_00000002' / '.metadata'} holds code or objects the runner will not "
+                r"load \(UnpicklingError: global 'pathlib.Path.touch' is not DCP metadata\); .* Nothing in it was "
+                r"run. Resume from resume=<run dir>/checkpoints/step_00000001, the one before it; do not trust")
+    with pytest.raises(CheckpointError, match=expected):
+        find_resume("auto", tmp_path / "run")
+    with pytest.raises(CheckpointError, match=expected):
+        find_resume(str(checkpoints / "step_00000002"), tmp_path / "elsewhere")
+    with pytest.raises(CheckpointError, match=expected):  # a worker loading it directly: refused the same way
+        restore(checkpoints / "step_00000002", *_objects(seed=1), world_size=1)
+    assert not marker.exists()
+
+    # The checkpoint the message names is genuine and loads (through the same restricted reader).
+    assert find_resume(str(checkpoints / "step_00000001"), tmp_path / "elsewhere") == checkpoints / "step_00000001"
+    model, optimizer = _objects()
+    fresh, fresh_optimizer = _objects(seed=1)
+    restore(checkpoints / "step_00000001", fresh, fresh_optimizer, world_size=1)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))
+    assert fresh_optimizer.param_groups[0]["lr"] == 0.1  # a non-tensor value, read weights-only
+
+
+@pytest.mark.parametrize("payload", ["os.system", "builtins.eval", "not a pickle"])
+def test_any_global_outside_dcp_metadata_and_a_garbled_file_are_refused(tmp_path, payload):
+    checkpoint = _sharded_run(tmp_path / "run", steps=(1,)) / "step_00000001"
+    if payload == "not a pickle":
+        (checkpoint / ".metadata").write_bytes(b"garbage")
+    else:
+        module, name = payload.split(".")
+        # GLOBAL 'module name', then an argument and REDUCE: what a crafted pickle calls.
+        (checkpoint / ".metadata").write_bytes(
+            b"\x80\x02c" + f"{module}\n{name}\n".encode() + b"X\x04\x00\x00\x00trueq\x00\x85q\x01Rq\x02.")
+    reseal(checkpoint)
+    with pytest.raises(CheckpointError, match=r"holds code or objects the runner will not load .* Resume from "
+                                              r"another run's checkpoint, or start a new run"):
+        find_resume("auto", tmp_path / "run")
+
+
+def test_a_non_tensor_value_in_the_shards_is_read_weights_only(tmp_path):
+    """DCP keeps non-tensor values (the optimizer's hyperparameters) as pickles inside the shards, which its default
+    planner loads with weights_only=False."""
+    import torch.distributed.checkpoint as dcp
+
+    model, optimizer = _objects()
+    marker = tmp_path / "ran"
+    state = {"model": sharded.model_state(model), "optimizer": sharded.optimizer_state(model, optimizer)}
+    state["optimizer"]["param_groups"][0]["lr"] = TouchesAFile(marker)
+    dcp.save(state, checkpoint_id=str(tmp_path / "step_00000001"), no_dist=True)
+    with pytest.raises(CheckpointError, match=r"a value in the shards \(__<rank>_0.distcp\) of .*step_00000001 holds "
+                                              r"code or objects the runner will not load \(UnpicklingError: "):
+        sharded.load(tmp_path / "step_00000001", {"model": (model, None), "optimizer": (model, optimizer)}, False)
+    assert not marker.exists()
+
+
+def test_a_python_tag_in_a_checkpoints_config_yaml_is_one_message_and_runs_nothing(tmp_path):
+    checkpoints = _sharded_run(tmp_path / "run", steps=(1,))
+    marker = tmp_path / "ran"
+    config = checkpoints / "step_00000001" / "config.yaml"
+    config.write_text(f'seed: 0\nmodel: !!python/object/apply:os.system ["touch {marker}"]\n')
+    reseal(config.parent)
+    expected = (rf"{config} is not plain YAML data at line 2 \(could not determine a constructor for the tag "
+                r"'tag:yaml.org,2002:python/object/apply:os.system'\): .* nothing in it was run")
+    with pytest.raises(CheckpointError, match=expected):
+        read_config(config)
+    with pytest.raises(CheckpointError, match=expected):  # read when the config changed since the checkpoint
+        restore(config.parent, *_objects(seed=1), world_size=1, resolved={**RESOLVED, "seed": 1})
+    from runner.sample import load_model
+
+    with pytest.raises(CheckpointError, match=expected):
+        load_model(config.parent / "model.safetensors", config)
+    assert not marker.exists()
