@@ -9,15 +9,20 @@ from runner.errors import PREEMPTED_EXIT_CODE, Preempted
 from runner.signals import stop_from_process_start
 
 
-def main() -> None:
+def main(entry: str = "main") -> None:
     stop_from_process_start()
     try:
-        from runner.cli import main as run_cli
+        from runner import cli
 
-        run_cli()
+        getattr(cli, entry)()
     except Preempted as stop:
         print(f"runner: {stop}", file=sys.stderr)
         raise SystemExit(PREEMPTED_EXIT_CODE) from None
+
+
+def console_main() -> None:
+    """The `runner` console script: the same first act, then cli.console_main."""
+    main("console_main")
 
 
 if __name__ == "__main__":
