@@ -161,6 +161,8 @@ def test_resume_auto_on_a_finished_run_rewrites_a_deleted_export_and_says_so(cwd
     assert (export / "final.safetensors").read_bytes() == final_bytes
     assert (export / "ema.safetensors").read_bytes() == ema_bytes
     assert not any(path.name.startswith(".partial-") for path in export.iterdir())
+    recorded = json.loads((run_dir / "result.json").read_text())
+    assert recorded["status"] == "completed" and {"final.safetensors", "ema.safetensors"} <= set(recorded["exports"])
 
     nothing_missing = run_cli(*run, "resume=auto", cwd=cwd)
     assert nothing_missing.returncode == 0, nothing_missing.output
@@ -187,4 +189,4 @@ def test_a_failed_final_export_is_written_by_the_resume_auto_its_message_suggest
     _assert_same_tensors(run_dir / "export" / "final.safetensors",
                          run_dir / "checkpoints" / "step_00000004" / "model.safetensors")
     recorded = json.loads((run_dir / "result.json").read_text())
-    assert recorded["status"] == "completed" and recorded["steps"] == 4
+    assert recorded["status"] == "completed" and recorded["steps"] == 4 and "final.safetensors" in recorded["exports"]
