@@ -340,7 +340,8 @@ class Profiler(Callback):
         self._profiler = None
 
     def on_fit_start(self, loop) -> None:
-        if not self.run.writes_files or getattr(loop, "completing", False):  # completing a finished run trains no step to profile
+        # Completing a finished run (loop.completing) trains no step to profile.
+        if not self.run.writes_files or getattr(loop, "completing", False):
             return
         from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
