@@ -172,7 +172,8 @@ def test_resume_auto_on_a_finished_run_rewrites_a_deleted_export_and_says_so(cwd
 def test_a_failed_final_export_is_written_by_the_resume_auto_its_message_suggests(cwd):
     run_dir = cwd / "run"
     run = (*TINY, "trainer.max_steps=4", f"hydra.run.dir={run_dir}",
-           "+callbacks.block._target_=runhelpers.BlockFinalExport", "allowed_targets=[runner.,torch.,datasets.,runhelpers.]")
+           "+callbacks.block._target_=runhelpers.BlockFinalExport",
+           "allowed_targets=[runner.,torch.,datasets.,runhelpers.]")
     blocker = run_dir / "export" / ".partial-final.safetensors"
     failed = run_cli(*run, cwd=cwd)
     assert failed.returncode == 1, failed.output
