@@ -12,6 +12,15 @@ The hooks, each called on every process with the loop (its `state`, `model`, `op
     on_save(loop, path)           after a checkpoint was saved (path: None on processes that do not write)
     on_fit_end(loop, final)       after the last evaluation and the final checkpoint
 
+The order of a step's events is fixed (runner.loop.Loop.after_step): the optimizer step, then every callback's
+on_step_end, then logging and evaluation (on_eval_end), then the checkpoint (on_save), then the stop check. So a
+checkpoint holds each callback's `state_dict()` with the step counted, and a run resumed from it (kill -9, then
+resume=auto) continues exactly: keep in `state_dict()` whatever on_step_end changes.
+
+`resume=auto` on a run that had finished, but lacks a final artifact (an export deleted, or not written because the
+disk was full), restores its last checkpoint and calls on_fit_start and on_fit_end again, without training, with
+`loop.completing` true: write then only what is missing.
+
 `loop.request_stop(reason)` ends the run after the current step: it evaluates, saves a final checkpoint and
 records the reason in the log (and in result.json for early stopping). Call it on every process alike (decide
 from values that are the same everywhere, such as evaluation metrics), or the processes part ways. A callback
@@ -31,7 +40,7 @@ from typing import Any, Iterator
 
 import torch
 
-from runner.errors import ConfigError
+from runner.errors import ConfigError, write_error
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +55,11 @@ class RunContext:
 
 
 class Callback:
-    """The hook interface; every hook does nothing unless overridden. `self.run` is set before on_fit_start."""
+    """The hook interface; every hook does nothing unless overridden. `self.run` is set before on_fit_start.
+
+    After each optimizer step the loop calls, in this order: on_step_end, on_eval_end (when it evaluates), on_save
+    (when it checkpoints). The checkpoint therefore includes what on_step_end did at that step: keep that in
+    `state_dict()` and a resumed run continues bit for bit. See the module's docstring for `loop.completing`."""
 
     run: RunContext = RunContext(Path("."))
 
@@ -243,17 +256,35 @@ class EMA(Callback):
             return
         from safetensors.torch import save_model
 
-        path = self.run.run_dir / "export" / "ema.safetensors"
+        path = self.run.run_dir / EMA_EXPORT
+        completing = getattr(loop, "completing", False)  # a loop of your own may lack it
+        if completing and path.is_file():  # written whole (renamed into place) when the run ended
+            return
         path.parent.mkdir(exist_ok=True)
-        with self.averaged_weights(loop) as model:
-            save_model(model, str(path))
-        log.info("EMA weights exported: %s", path)
+        partial = path.with_name(f".partial-{path.name}")  # a full disk must not leave a file that looks complete
+        try:
+            with self.averaged_weights(loop) as model:
+                save_model(model, str(partial))
+            partial.replace(path)
+        except Exception as err:  # safetensors reports a failed write as its own error type, not OSError
+            partial.unlink(missing_ok=True)
+            raise write_error(err, path, "the EMA export") from err
+        log.info("EMA weights exported: %s%s", path, " (it was missing)" if completing else "")
 
     def state_dict(self) -> dict:
         return {"shadow": [tensor.detach().cpu() for tensor in self.shadow or []], "updates": self.updates}
 
     def load_state_dict(self, state: dict) -> None:
         self.shadow, self.updates = list(state["shadow"]) or None, state["updates"]
+
+
+EMA_EXPORT = "export/ema.safetensors"
+
+
+def end_artifacts(nodes: dict[str, Any]) -> list[str]:
+    """The files (relative to the run dir) that the configured built-in callbacks write when the run ends."""
+    return [EMA_EXPORT for node in nodes.values()
+            if node.get("_target_") == f"{__name__}.EMA" and node.get("export", True)]
 
 
 class LearningRateMonitor(Callback):
@@ -309,7 +340,8 @@ class Profiler(Callback):
         self._profiler = None
 
     def on_fit_start(self, loop) -> None:
-        if not self.run.writes_files:
+        # Completing a finished run (loop.completing) trains no step to profile.
+        if not self.run.writes_files or getattr(loop, "completing", False):
             return
         from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 

@@ -32,6 +32,7 @@ from runner.errors import (
     write_failure,
 )
 from runner.launch import launch
+from runner.worker import missing_final_artifacts
 from runner.paths import config_dir
 from runner.plan import batch_plan
 from runner.report import finished_result
@@ -215,7 +216,11 @@ def run_task(cfg: DictConfig, run_dir: rundir.RunDir | None = None) -> float:
             # one machine alone skipping would leave the others waiting for it at the rendezvous.
             if spec.config.resume == "auto" and spec.config.hardware.num_machines == 1:
                 done = finished_result(run_dir.path, _task_overrides(hydra))
-                if done is not None:
+                missing = missing_final_artifacts(run_dir.path, spec.config) if done is not None else []
+                if missing:  # the worker restores the last checkpoint and writes them (Loop.complete)
+                    log.info("resume=auto: %s already finished but lacks %s; writing it now from its last checkpoint",
+                             run_dir.path, ", ".join(missing))
+                elif done is not None:
                     log.info("resume=auto: %s already finished with %s=%.4f; not running it again", run_dir.path,
                              done.monitor, done.value)
                     return done.value

@@ -109,6 +109,8 @@ class Loop:
         self.last_saved: TrainState | None = None
         self.running_loss = torch.zeros((), device=accelerator.device)
         self.window_micro_batches = 0
+        self.window_start = time.perf_counter()  # of the loss window being averaged (for samples/s)
+        self.completing = False  # True while complete() finishes the end of a run that had already finished
         self.skip_nonfinite = settings.on_nonfinite == NonFinitePolicy.skip
         self.skipped_steps = 0
         self.last_finite_loss: tuple[int, float] | None = None  # (step, train/loss) of the last finite log
@@ -141,7 +143,28 @@ class Loop:
             if self.checkpointer.every_epoch or self.checkpointer.due(self.state.step, evaluated):
                 self.save()
         final = self.last_metrics if self.last_eval_step == self.state.step else self.evaluate_and_log()
+        self.end(final)
+        return final
+
+    def end(self, final: dict[str, float]) -> None:
+        """The end of a run, in one order: the final checkpoint with its exports (or, when this step was saved
+        already, the exports from that checkpoint), sealed on every rank, then the callbacks' on_fit_end (the EMA
+        export). Each of these can be done again by complete()."""
         self.save(final=True)
+        self.checkpointer.wait()
+        self.callbacks.on_fit_end(self, final)
+        self.progress.close()
+
+    def complete(self) -> dict[str, float]:
+        """The end of a run that had already finished, restored from its last checkpoint (`resume=auto`): the final
+        evaluation if that checkpoint holds none, then whatever final artifact is missing (the final export, a
+        callback's export such as EMA's), each only if missing: a run stopped by a full disk during its final export,
+        or whose export was deleted, gets it without training again. Returns the final metrics."""
+        self.completing = True
+        self.callbacks.on_fit_start(self)
+        final = self.last_metrics if self.last_eval_step == self.state.step else self.evaluate_and_log()
+        self.checkpointer.export_missing(self.accelerator.unwrap_model(self.model), asdict(self.state),
+                                         self._metrics_at_step())
         self.checkpointer.wait()
         self.callbacks.on_fit_end(self, final)
         self.progress.close()
@@ -149,14 +172,14 @@ class Loop:
 
     def train_epoch(self) -> None:
         """Train until the epoch ends (then count it) or the step budget is spent."""
-        settings, accumulate = self.settings, self.accumulation
+        accumulate = self.accumulation
         start = self.state.batch_in_epoch
         if start == 0:  # a new epoch starts a new loss window; a resumed one continues the restored window
             self.running_loss.zero_()
             self.window_micro_batches = 0
         self.train_batches.set_epoch(self.state.epoch, start)
         epoch_batches = self.steps_per_epoch * accumulate  # the tail after it cannot fill a whole accumulation cycle
-        window_start = time.perf_counter()
+        self.window_start = time.perf_counter()
         for index, batch in enumerate(self.train_batches, start=start):
             if index >= epoch_batches:
                 break
@@ -169,23 +192,11 @@ class Loop:
             if not self.accelerator.sync_gradients:
                 continue
             grad_norm = self.optimizer_step()
-            state = self.state
-            step = state.step = state.step + 1
-            state.batch_in_epoch = index + 1
+            self.state.step += 1
+            self.state.batch_in_epoch = index + 1
             self.progress.update()
-            if step % settings.log_every_steps == 0 or step == self.total_steps:
-                self.log_train(self.window_micro_batches, window_start, grad_norm)
-                self.running_loss.zero_()
-                self.window_micro_batches, window_start = 0, time.perf_counter()
-            evaluated = bool(settings.eval_every_steps and step % settings.eval_every_steps == 0)
-            if evaluated:
-                self.evaluate_and_log()
-            epoch_ends = index + 1 == epoch_batches  # then fit() saves after the epoch
-            if not epoch_ends and step < self.total_steps and self.checkpointer.due(step, evaluated):
-                self.save()
-            self.callbacks.on_step_end(self)
-            if self.stop.requested():
-                self.stop_now()
+            epoch_ends = index + 1 == epoch_batches  # then fit() evaluates (if by epoch) and saves after the epoch
+            self.after_step(grad_norm, epoch_ends)
             if self.stop_reason is not None:
                 return  # a callback ended the run inside the epoch: it does not count as done
             if self.state.step >= self.total_steps:
@@ -194,6 +205,27 @@ class Loop:
                 break
         self.state.epoch += 1
         self.state.batch_in_epoch = 0
+
+    def after_step(self, grad_norm: torch.Tensor | None, epoch_ends: bool) -> None:
+        """A step's events after its optimizer step, in the one order callbacks rely on (runner.callbacks.Callback):
+        the callbacks' on_step_end, then logging and evaluation, then the checkpoint, then the stop check.
+
+        The checkpoint comes after on_step_end so that it holds the callbacks' state with this step counted (an EMA
+        update, a user's tally): a run resumed from it continues exactly as an uninterrupted one. At the end of an
+        epoch `fit()` evaluates (when not by steps) and saves after this, in the same order."""
+        settings, step = self.settings, self.state.step
+        self.callbacks.on_step_end(self)
+        if step % settings.log_every_steps == 0 or step == self.total_steps:
+            self.log_train(self.window_micro_batches, self.window_start, grad_norm)
+            self.running_loss.zero_()
+            self.window_micro_batches, self.window_start = 0, time.perf_counter()
+        evaluated = bool(settings.eval_every_steps and step % settings.eval_every_steps == 0)
+        if evaluated:
+            self.evaluate_and_log()
+        if not epoch_ends and step < self.total_steps and self.checkpointer.due(step, evaluated):
+            self.save()
+        if self.stop.requested():
+            self.stop_now()
 
     def micro_step(self, batch) -> torch.Tensor:
         # accumulate() skips DDP's gradient all-reduce on all but the last micro-batch of a cycle;
@@ -280,9 +312,18 @@ class Loop:
             "gradients with trainer.max_grad_norm, or set trainer.on_nonfinite=skip to skip such steps"
         )
 
+    def _metrics_at_step(self) -> dict[str, float]:
+        metrics = self.step_metrics if self.step_metrics.get("step") == self.state.step else {}
+        return {name: value for name, value in metrics.items() if name != "step"}
+
     def save(self, final: bool = False) -> None:
         if self.last_saved == self.state:
-            return  # nothing happened since: e.g. a stop signal right after a scheduled save
+            # Nothing happened since (a stop signal or an early stop right after a scheduled save): no second
+            # checkpoint of this step, but the end of the run still gets its exports, from that checkpoint.
+            if final:
+                self.checkpointer.export_saved(self.accelerator.unwrap_model(self.model), asdict(self.state),
+                                               self._metrics_at_step())
+            return
         if self.settings.on_nonfinite == NonFinitePolicy.stop and self.checkpointer.enabled:
             # A NaN since the last log must not become the newest checkpoint: look now (all ranks, one number).
             window = all_reduce_sum(self.running_loss.detach().clone()).item()
@@ -292,11 +333,8 @@ class Loop:
             # What was logged up to this checkpoint reaches the sinks first: a run killed after it resumes from
             # here and logs only the steps after.
             self.logger.flush()
-        metrics = self.step_metrics if self.step_metrics.get("step") == self.state.step else {}
-        path = self.checkpointer.save(
-            self.accelerator.unwrap_model(self.model), self.state_dict(), asdict(self.state),
-            {name: value for name, value in metrics.items() if name != "step"}, final=final, optimizer=self.optimizer,
-        )
+        path = self.checkpointer.save(self.accelerator.unwrap_model(self.model), self.state_dict(), asdict(self.state),
+                                      self._metrics_at_step(), final=final, optimizer=self.optimizer)
         self.last_saved = replace(self.state)
         if path is not None:
             log.info("checkpoint saved: %s", path)

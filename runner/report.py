@@ -62,6 +62,8 @@ class JobResult:
     run_dir: str = ""
     stopped_early: str | None = None
     """Why a callback ended the run before its step budget (early stopping), else None."""
+    exports: list[str] = field(default_factory=list)
+    """The files in <run dir>/export (final and best weights, a callback's such as EMA's) when the job ended."""
 
     @property
     def params(self) -> dict[str, Any]:
@@ -104,7 +106,15 @@ def job_result(run_dir: Path, job: int, overrides: list[str], monitor: str, mode
         error=None if error is None else f"{type(error).__name__}: {error}",
         run_dir=str(run_dir),
         stopped_early=_early_stop_reason(run_dir),
+        exports=list_exports(run_dir),
     )
+
+
+def list_exports(run_dir: Path) -> list[str]:
+    export_dir = run_dir / "export"
+    if not export_dir.is_dir():
+        return []
+    return sorted(path.name for path in export_dir.iterdir() if path.is_file() and not path.name.startswith("."))
 
 
 def _early_stop_reason(run_dir: Path) -> str | None:

@@ -68,7 +68,9 @@ class SweepReport(Callback):
         if OmegaConf.select(config, "trainer.fast_dev_run") is not None:
             return  # a debug run writes nothing but its log
         result = self._skipped or self._result(config, job_return)
-        if self._skipped is None:
+        exports = report.list_exports(Path(result.run_dir))
+        if self._skipped is None or exports != result.exports:  # resume=auto may have written a missing export
+            result.exports = exports
             report.write_result(result)
         if config.hydra.mode == RunMode.MULTIRUN:
             sweep_dir = _sweep_dir(config)

@@ -11,7 +11,9 @@ from pathlib import Path
 from runner.accelerator import Accelerator
 from runner.options import DataLoaderConfiguration
 from runner.build import build_data
-from runner.checkpoint import apply_rng, restore
+from runner.callbacks import end_artifacts
+from runner.checkpoint import EXPORT_DIR, apply_rng, complete_checkpoints, restore
+from runner.checkpoint.checkpointer import FINAL_EXPORT, final_export_missing
 from runner.checkpoint.resume import newest_intact
 from runner.config import RunConfig, RunSpec, plain
 from runner.debug import apply_determinism
@@ -111,10 +113,9 @@ def train(spec: RunSpec, accelerator: Accelerator, peers=None) -> dict[str, floa
     apply_determinism(config.trainer.deterministic)
     parts = build_parts(config, spec.batch, accelerator)
     restored = _restore(resume_from, parts, accelerator, config) if resume_from else None
-    if restored and is_finished(restored["loop"]["step"], restored["loop"]["epoch"], parts.total_steps,
-                                config.trainer.max_epochs):
-        log.info("the run already finished at step %d (%s); nothing to do", restored["loop"]["step"], resume_from)
-        return dict(restored["loop"]["last_metrics"])
+    # Ended by its step budget or stopped early by a callback (early stopping) at that checkpoint.
+    finished = bool(restored) and (restored["loop"].get("stop_reason") is not None or is_finished(
+        restored["loop"]["step"], restored["loop"]["epoch"], parts.total_steps, config.trainer.max_epochs))
     loop = make_loop(parts, config, spec.batch, accelerator, run_dir,
                      start_step=restored["loop"]["step"] if restored else 0)
     if peers is not None:
@@ -126,7 +127,7 @@ def train(spec: RunSpec, accelerator: Accelerator, peers=None) -> dict[str, floa
     else:
         loop.logger.log_config(plain(config))
     try:
-        final = loop.fit()
+        final = _complete(loop, run_dir, resume_from) if finished else loop.fit()
         loop.logger.log_final(plain(config), final)
     except Exception as err:
         mark_step(err, loop.state.step)
@@ -137,6 +138,39 @@ def train(spec: RunSpec, accelerator: Accelerator, peers=None) -> dict[str, floa
     finally:
         loop.logger.close()
     return final
+
+
+def missing_final_artifacts(run_dir: Path, config: RunConfig) -> list[str]:
+    """What a finished run should have written at its end and lacks (paths relative to the run dir): the final
+    export of its newest checkpoint, the built-in callbacks' exports. `resume=auto` runs such a run again to write
+    them (Loop.complete) instead of reporting it finished."""
+    if config.trainer.fast_dev_run is not None:
+        return []  # a debug run writes nothing
+    missing = [path for path in end_artifacts(config.callbacks) if not (run_dir / path).is_file()]
+    found = complete_checkpoints(run_dir / "checkpoints")
+    export_dir = run_dir / EXPORT_DIR
+    if config.checkpoint.enabled and config.checkpoint.export and found and final_export_missing(
+            export_dir, found[-1][1]["step"]):
+        missing.insert(0, f"{EXPORT_DIR}/{FINAL_EXPORT}")
+    return missing
+
+
+def _complete(loop, run_dir: Path, resume_from: str) -> dict[str, float]:
+    """A run restored from its last checkpoint that had already finished: write what its end did not, say which."""
+    before = _export_files(run_dir)
+    final = loop.complete()
+    written = sorted(name for name, stamp in _export_files(run_dir).items() if before.get(name) != stamp)
+    log.info("the run already finished at step %d (%s); %s", loop.state.step, resume_from,
+             f"wrote what its end had not: {', '.join(written)}" if written else "nothing was missing")
+    return final
+
+
+def _export_files(run_dir: Path) -> dict[str, int]:
+    export_dir = run_dir / EXPORT_DIR
+    if not export_dir.is_dir():
+        return {}
+    return {f"{EXPORT_DIR}/{path.name}": path.stat().st_mtime_ns for path in export_dir.iterdir()
+            if path.suffix == ".safetensors"}
 
 
 def _resume_point(spec: RunSpec) -> str | None:

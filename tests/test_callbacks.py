@@ -111,8 +111,9 @@ def test_learning_rate_throughput_and_the_profiler_trace(run):
 def test_a_users_callback_from_the_working_directory_gets_every_hook_in_order(run):
     _, calls = run
     metrics = ["val/accuracy", "val/loss"]
-    assert calls == [("fit_start", 0), ("eval_end", 1, metrics), ("step_end", 1), ("eval_end", 2, metrics),
-                     ("step_end", 2), ("save", 2, "step_00000002"), ("fit_end", "x", metrics)]
+    # A step's events in the documented order: on_step_end, then evaluation, then the checkpoint.
+    assert calls == [("fit_start", 0), ("step_end", 1), ("eval_end", 1, metrics), ("step_end", 2),
+                     ("eval_end", 2, metrics), ("save", 2, "step_00000002"), ("fit_end", "x", metrics)]
 
 
 def test_csv_sink_and_the_run_name_in_the_dir(run):

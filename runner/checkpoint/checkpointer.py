@@ -26,7 +26,7 @@ from runner.checkpoint.hf_export import export_pretrained
 from runner.checkpoint.resume import refuse_another_world_size
 from runner.checkpoint.rng import capture_rng, restore_rng
 from runner.config import CheckpointConfig, MonitorMode
-from runner.dist import all_gather_object, all_reduce, barrier
+from runner.dist import all_gather_object, all_reduce, barrier, broadcast_object
 from runner.errors import CheckpointError, NonFiniteLoss, ResumeRefused, write_error
 from runner.parallel import is_sharded
 from runner.prepared import unwrap_optimizer
@@ -37,6 +37,17 @@ MODEL_FILE = "model.safetensors"
 STATE_FILE = "state.pt"
 CONFIG_FILE = "config.yaml"
 EXPORT_DIR = "export"
+FINAL_EXPORT, FINAL_ABOUT = "final.safetensors", "final.json"
+
+
+def final_export_missing(export_dir: Path, step: int) -> bool:
+    """Whether export/ lacks the final weights of the checkpoint at `step`. final.json is written after the
+    weights (each replaced atomically), so one naming `step` beside them means that export completed."""
+    try:
+        recorded = json.loads((export_dir / FINAL_ABOUT).read_text(encoding="utf-8"))["step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return True
+    return recorded != step or not (export_dir / FINAL_EXPORT).is_file()
 
 
 def config_hash(resolved: dict) -> str:
@@ -120,6 +131,37 @@ class Checkpointer:
         # Every rank knows where rank 0 wrote (resuming assumes a file system all ranks share).
         self.last_path = self.directory / files.checkpoint_name(position["step"])
         return path
+
+    def export_saved(self, model: nn.Module, position: dict, metrics: dict) -> None:
+        """The final exports from the checkpoint already saved at `position` (the run ends on a step that was just
+        checkpointed). Every process calls it: a sharded model's weights are gathered."""
+        if self.settings.enabled and self.settings.export:
+            self._export_final(model, position, metrics)
+
+    def export_missing(self, model: nn.Module, position: dict, metrics: dict) -> bool:
+        """For a finished run completed again (`resume=auto`): the final exports of the checkpoint at `position`,
+        only if export/ lacks them. Every process calls it; rank 0 decides. Returns whether they were written."""
+        if not (self.settings.enabled and self.settings.export):
+            return False
+        missing = broadcast_object(final_export_missing(self.export_dir, position["step"]) if self.writer else None)
+        if missing:
+            self._export_final(model, position, metrics)
+            log.info("export/%s was missing: written from %s", FINAL_EXPORT, files.checkpoint_name(position["step"]))
+        return bool(missing)
+
+    def _export_final(self, model: nn.Module, position: dict, metrics: dict) -> None:
+        path = self.directory / files.checkpoint_name(position["step"])
+        weights = sharded.full_weights(model, self.world_size > 1) if self.layout is Layout.dcp else None
+        if self.writer:
+            self._finish_pending()  # that checkpoint sealed first: its model.safetensors is the source
+            try:
+                self._export(path, {"step": position["step"], self.monitor: metrics.get(self.monitor)}, best=False,
+                             final=True, weights=weights)
+            except OSError as err:
+                raise write_error(err, self.export_dir, f"the export of {path.name} (the checkpoint itself is "
+                                                        "complete)") from err
+            export_pretrained(model, self.export_dir, state_dict=weights)  # transformers models: export/hf/
+        barrier()
 
     def wait(self) -> None:
         """Until the last checkpoint is sealed (a background failure is raised here), then line all ranks up."""
