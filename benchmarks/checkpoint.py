@@ -2,6 +2,10 @@
 of the same dicts and against Accelerate and Fabric, measured in the same process, interleaved (A B C D, B C D A).
 
     python benchmarks/checkpoint.py [--params 100] [--repeats 3] [--dir /tmp/ckpt-bench] [--arms plain,runner]
+    python benchmarks/checkpoint.py --finite-check [--params 100] [--repeats 5]
+
+--finite-check measures only what the check for NaN/inf in the weights and optimizer state (done before every
+save) costs: the runner's save with and without it, interleaved, and the check alone.
 
 "runner" save = safetensors weights + torch.save of optimizer/RNG/loop state into a partial directory: the time the
 training loop is blocked. "until sealed" adds what a background thread then does while training goes on: every
@@ -137,6 +141,52 @@ def measure(million_params: int, repeats: int, directory: Path, arms: tuple[str,
     }
 
 
+def measure_finite_check(million_params: int, repeats: int, directory: Path) -> dict:
+    """Seconds of the runner's save (blocked, and until sealed) with and without the finite check, interleaved,
+    and of the check alone (parameters and AdamW state)."""
+    import statistics
+
+    from runner.checkpoint import checkpointer as checkpointer_module
+    from runner.checkpoint.checkpointer import tensors_are_finite, trained_tensors
+
+    model, optimizer = trained(million_params)
+    times: dict[str, list[float]] = {key: [] for key in (
+        "save, checked", "save, unchecked", "until sealed, checked", "until sealed, unchecked", "check alone")}
+    try:
+        for index in range(repeats):
+            for check in ((True, False) if index % 2 == 0 else (False, True)):
+                name = "checked" if check else "unchecked"
+                checkpointer_module.tensors_are_finite = tensors_are_finite if check else (lambda tensors: True)
+                root = directory / "finite"
+                shutil.rmtree(root, ignore_errors=True)
+                os.sync()
+                start = time.perf_counter()
+                checkpointer = runner_save(root, model, optimizer)
+                times[f"save, {name}"].append(time.perf_counter() - start)
+                checkpointer.wait()
+                times[f"until sealed, {name}"].append(time.perf_counter() - start)
+            checkpointer_module.tensors_are_finite = tensors_are_finite
+            times["check alone"].append(timed(lambda: tensors_are_finite(trained_tensors(model, optimizer))))
+    finally:
+        checkpointer_module.tensors_are_finite = tensors_are_finite
+    shutil.rmtree(directory / "finite", ignore_errors=True)
+    result = {key: statistics.median(values) for key, values in times.items()}
+    # Each repeat saves both ways back to back: the median of the paired ratios resists a machine whose load
+    # drifts over the minutes of the run better than a ratio of medians.
+    for what in ("save", "until sealed"):
+        result[f"{what}: checked / unchecked, paired"] = statistics.median(
+            with_check / without for with_check, without in zip(times[f"{what}, checked"], times[f"{what}, unchecked"]))
+    return result
+
+
+def report_finite_check(median: dict) -> str:
+    lines = [f"{key:36s} median {value:6.3f}{'' if 'paired' in key else ' s'}" for key, value in median.items()]
+    lines.append(f"the check costs {median['save: checked / unchecked, paired'] - 1:+.1%} on the save training waits "
+                 f"for, {median['until sealed: checked / unchecked, paired'] - 1:+.1%} until sealed; alone it takes "
+                 f"{median['check alone'] / median['save, unchecked']:.1%} of the save (target <= 5%)")
+    return "\n".join(lines)
+
+
 def report(results: dict) -> str:
     count, times = results["params"], results["times"]
     median = {key: row["median"] for key, row in times.items()}
@@ -163,7 +213,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dir", type=Path, default=Path("/tmp/runner-checkpoint-bench"))
     parser.add_argument("--arms", default=",".join(alternatives.ARMS),
                         help=f"comma-separated subset of {','.join(alternatives.ARMS)} (runner and plain always)")
+    parser.add_argument("--finite-check", action="store_true",
+                        help="measure only the cost of the NaN/inf check done before each save")
     args = parser.parse_args(argv)
+    if args.finite_check:
+        print(report_finite_check(measure_finite_check(args.params, args.repeats, args.dir)))
+        return
     arms = ("plain", "runner", *parse_names(parser, "--arms", args.arms, alternatives.ARMS))
     print(report(measure(args.params, args.repeats, args.dir, tuple(dict.fromkeys(arms)))))
 

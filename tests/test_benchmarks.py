@@ -187,6 +187,18 @@ def test_every_arm_saves_and_loads_the_same_weights(checkpoint_results):
     assert "accelerate save" in text and "fabric load" in text and "x plain" in text
 
 
+def test_the_finite_check_benchmark_saves_both_ways_and_reports_the_check_s_share(tmp_path):
+    result = compare.checkpoint.measure_finite_check(1, 2, tmp_path)
+    assert set(result) == {"save, checked", "save, unchecked", "until sealed, checked", "until sealed, unchecked",
+                           "check alone", "save: checked / unchecked, paired",
+                           "until sealed: checked / unchecked, paired"}
+    assert all(value > 0 for value in result.values())
+    from runner.checkpoint import checkpointer
+
+    assert checkpointer.tensors_are_finite.__name__ == "tensors_are_finite"  # put back
+    assert "(target <= 5%)" in compare.checkpoint.report_finite_check(result)
+
+
 def test_the_table_has_a_column_per_arm_and_a_row_per_measure(results, distributed_results, checkpoint_results):
     # The tiny loop stands in for the MLP row too: the same code path, a fraction of the time.
     table = {**results, "mlp": results["tiny"], "distributed": distributed_results, "checkpoint": checkpoint_results}

@@ -87,8 +87,8 @@ def test_with_no_checkpoint_before_it_the_message_says_resume_auto_starts_from_s
 
 
 def test_the_check_sees_nan_and_inf_of_every_float_dtype_and_no_large_finite_value():
-    big = [torch.full((1000,), 300.0, dtype=torch.float16), torch.full((10,), 1e30), torch.ones(3, dtype=torch.bfloat16)]
-    assert tensors_are_finite(big)  # a sum of squares would overflow float16 here
+    big = [torch.full((1000,), 300.0, dtype=torch.float16), torch.full((10,), 1e30), torch.full((3,), 3e38), torch.ones(3, dtype=torch.bfloat16)]
+    assert tensors_are_finite(big)  # their norms overflow float16, and float32 for 1e30: checked exactly then
     for bad in (float("nan"), float("inf"), float("-inf")):
         for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
             assert not tensors_are_finite([*big, torch.tensor([1.0, bad], dtype=dtype)]), (bad, dtype)

@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import math
+import shutil
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -75,6 +76,7 @@ class Checkpointer:
         # training goes on; the next save, wait() and the end of the run wait for it.
         self._sealer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint") if self.writer else None
         self._pending: Future | None = None
+        self._checker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="finite-check")
         if self.writer and self.directory.is_dir():
             for leftover in files.remove_leftovers(self.directory):
                 log.warning("removed %s, left by an interrupted checkpoint write", leftover)
@@ -111,20 +113,26 @@ class Checkpointer:
         Returns once the files are written (training may go on); the checkpoint appears when sealed."""
         if not self.settings.enabled:
             return None
+        # Checked while the files are written (it reads the tensors, the writers read them too): decided before
+        # the seal, at a fraction of its cost.
+        finite = self._checker.submit(tensors_are_finite, trained_tensors(model, unwrap_optimizer(optimizer)))
         # A collective (every process takes part): what differs between ranks, RNG included, is kept per rank.
         per_rank = all_gather_object({**state.get("per_rank", {}), "rng": capture_rng()})
         # Every rank keeps the best value (the metrics are the same on all): a sharded export needs all of them.
         improved = self._track_best(position["step"], metrics.get(self.monitor))
         if self.writer:
             self._finish_pending()
-        self._refuse_nonfinite(model, unwrap_optimizer(optimizer), position["step"])
         state = {**state, "per_rank": per_rank, "checkpointer": self.state_dict()}
         if self.layout is Layout.dcp:
-            path = self._write_sharded(model, unwrap_optimizer(optimizer), state, position, metrics, improved, final)
+            path = self._write_sharded(model, unwrap_optimizer(optimizer), state, position, metrics, improved, final,
+                                       finite)
         else:
             if optimizer is not None:
                 state["optimizer"] = optimizer.state_dict()
-            path = self._write(model, state, position, metrics, improved, final) if self.writer else None
+            if self.writer:
+                self._write(model, state, position)
+            self._refuse_nonfinite(finite, model, position["step"])
+            path = self._start_seal(position, metrics, improved, final, weights=None) if self.writer else None
             if self.writer and final and self.settings.export:  # transformers models also get export/hf/
                 export_pretrained(model, self.export_dir)
         barrier()
@@ -169,14 +177,16 @@ class Checkpointer:
             self._finish_pending()
         barrier()
 
-    def _refuse_nonfinite(self, model: nn.Module, optimizer, step: int) -> None:
-        """Every rank: a NaN or inf in the weights or the optimizer state (a NaN gradient with a finite loss puts
-        one there) must not become the newest checkpoint, which resume=auto would load and fail on again. Buffers
-        are not checked: a -inf attention mask is legitimate."""
-        nonfinite = torch.tensor([0.0 if tensors_are_finite(trained_tensors(model, optimizer)) else 1.0],
-                                 device=_device_of(model))
+    def _refuse_nonfinite(self, finite: Future, model: nn.Module, step: int) -> None:
+        """Every rank, once the files are written and before the seal: a NaN or inf in the weights or the optimizer
+        state (a NaN gradient with a finite loss puts one there) must not become the newest checkpoint, which
+        resume=auto would load and fail on again; its partial files are removed. Buffers are not checked: a -inf
+        attention mask is legitimate."""
+        nonfinite = torch.tensor([0.0 if finite.result() else 1.0], device=_device_of(model))
         if all_reduce(nonfinite, "max").item() == 0:
             return
+        if self.writer:
+            shutil.rmtree(files.partial_path(self.directory, files.checkpoint_name(step)), ignore_errors=True)
         found = files.complete_checkpoints(self.directory)  # rank 0 sealed the previous one before the reduce
         last = (f"resume=auto continues from {found[-1][0].name}, the last finite checkpoint" if found else
                 "no checkpoint was saved before it, so resume=auto starts from scratch")
@@ -211,18 +221,16 @@ class Checkpointer:
             "metrics": metrics,
         }
 
-    def _write(self, model: nn.Module, state: dict, position: dict, metrics: dict, improved: bool, final: bool) -> Path:
+    def _write(self, model: nn.Module, state: dict, position: dict) -> None:
         writers = {
             MODEL_FILE: lambda path: save_model(model, str(path)),
             STATE_FILE: lambda path: torch.save(state, path),
             CONFIG_FILE: lambda path: path.write_text(yaml.safe_dump(self.resolved, sort_keys=False), encoding="utf-8"),
         }
-        name = files.checkpoint_name(position["step"])
-        files.write_files(self.directory, name, writers)
-        return self._start_seal(name, position, metrics, improved, final, weights=None)
+        files.write_files(self.directory, files.checkpoint_name(position["step"]), writers)
 
     def _write_sharded(self, model: nn.Module, optimizer, state: dict, position: dict, metrics: dict,
-                       improved: bool, final: bool) -> Path | None:
+                       improved: bool, final: bool, finite: Future) -> Path | None:
         """Every rank: its shards of the weights and optimizer state; rank 0: the rest, then the seal. An export
         due now gathers the whole weights first (a CPU copy, written by the seal in the background)."""
         if optimizer is None:
@@ -232,18 +240,22 @@ class Checkpointer:
         name = files.checkpoint_name(position["step"])
         tensors = {"model": sharded.model_state(model), "optimizer": sharded.optimizer_state(model, optimizer)}
         sharded.write(self.directory, name, tensors, self.writer, distributed)
+        if self.writer:
+            state = {key: value for key, value in state.items() if key != "optimizer"}
+            files.write_files(self.directory, name, {
+                STATE_FILE: lambda path: torch.save(state, path),
+                CONFIG_FILE: lambda path: path.write_text(yaml.safe_dump(self.resolved, sort_keys=False),
+                                                          encoding="utf-8"),
+            }, fresh=False)
+        self._refuse_nonfinite(finite, model, position["step"])
         if not self.writer:
             return None
-        state = {key: value for key, value in state.items() if key != "optimizer"}
-        files.write_files(self.directory, name, {
-            STATE_FILE: lambda path: torch.save(state, path),
-            CONFIG_FILE: lambda path: path.write_text(yaml.safe_dump(self.resolved, sort_keys=False), encoding="utf-8"),
-        }, fresh=False)
         if final and self.settings.export:  # transformers models also get export/hf/, from the gathered weights
             export_pretrained(model, self.export_dir, state_dict=weights)
-        return self._start_seal(name, position, metrics, improved, final, weights)
+        return self._start_seal(position, metrics, improved, final, weights)
 
-    def _start_seal(self, name: str, position: dict, metrics: dict, improved: bool, final: bool, weights) -> Path:
+    def _start_seal(self, position: dict, metrics: dict, improved: bool, final: bool, weights) -> Path:
+        name = files.checkpoint_name(position["step"])
         about = {"step": position["step"], self.monitor: metrics.get(self.monitor)}
         self._pending = self._sealer.submit(self._seal, name, self._manifest(position, metrics), about, improved,
                                             final, weights)
@@ -305,13 +317,21 @@ def trained_tensors(model: nn.Module, optimizer) -> list[torch.Tensor]:
 
 
 def tensors_are_finite(tensors: list[torch.Tensor]) -> bool:
-    """One fused pass per device: the largest magnitude of each tensor (NaN propagates through max, and unlike a
-    sum of squares it cannot overflow), then one check of those few numbers."""
-    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    """One fused pass per device and dtype: each tensor's 2-norm (a NaN or inf anywhere makes it non-finite),
+    accumulated in float32 at least. A norm can also overflow from large finite values; only the tensors whose
+    norm is not finite (none, in a healthy run) are then checked element by element."""
+    groups: dict[tuple, list[torch.Tensor]] = {}
     for tensor in tensors:
-        by_device.setdefault(tensor.device, []).append(tensor)
-    return all(bool(torch.stack([peak.float() for peak in torch._foreach_norm(group, float("inf"))]).isfinite().all())
-               for group in by_device.values())
+        groups.setdefault((tensor.device, tensor.dtype), []).append(tensor)
+    for (_, dtype), group in groups.items():
+        wider = torch.float32 if dtype in (torch.float16, torch.bfloat16) else None
+        norms = torch._foreach_norm(group, 2, dtype=wider)
+        if bool(torch.stack(norms).isfinite().all()):
+            continue
+        if any(not bool(norm.isfinite()) and not bool(torch.isfinite(tensor).all())
+               for tensor, norm in zip(group, norms)):
+            return False
+    return True
 
 
 def _device_of(model: nn.Module) -> torch.device:
