@@ -163,8 +163,9 @@ class Loop:
         self.completing = True
         self.callbacks.on_fit_start(self)
         final = self.last_metrics if self.last_eval_step == self.state.step else self.evaluate_and_log()
+        # final.json records the monitored value: the checkpoint's last evaluation is this step's.
         self.checkpointer.export_missing(self.accelerator.unwrap_model(self.model), asdict(self.state),
-                                         self._metrics_at_step())
+                                         {**final, **self._metrics_at_step()})
         self.checkpointer.wait()
         self.callbacks.on_fit_end(self, final)
         self.progress.close()

@@ -19,6 +19,7 @@ from runner.config import RunConfig, RunSpec, plain
 from runner.debug import apply_determinism
 from runner.dist import (
     DistInfo,
+    broadcast_object,
     config_mismatch,
     destroy_process_group,
     exit_with_parent,
@@ -116,6 +117,10 @@ def train(spec: RunSpec, accelerator: Accelerator, peers=None) -> dict[str, floa
     # Ended by its step budget or stopped early by a callback (early stopping) at that checkpoint.
     finished = bool(restored) and (restored["loop"].get("stop_reason") is not None or is_finished(
         restored["loop"]["step"], restored["loop"]["epoch"], parts.total_steps, config.trainer.max_epochs))
+    # Rank 0's view of the shared run dir, so that every rank takes the same path.
+    if finished and not broadcast_object(missing_final_artifacts(run_dir, config)):
+        log.info("the run already finished at step %d (%s); nothing to do", restored["loop"]["step"], resume_from)
+        return dict(restored["loop"]["last_metrics"])  # no loop built: not a file of the run dir is touched
     loop = make_loop(parts, config, spec.batch, accelerator, run_dir,
                      start_step=restored["loop"]["step"] if restored else 0)
     if peers is not None:
@@ -161,7 +166,7 @@ def _complete(loop, run_dir: Path, resume_from: str) -> dict[str, float]:
     final = loop.complete()
     written = sorted(name for name, stamp in _export_files(run_dir).items() if before.get(name) != stamp)
     log.info("the run already finished at step %d (%s); %s", loop.state.step, resume_from,
-             f"wrote what its end had not: {', '.join(written)}" if written else "nothing was missing")
+             f"wrote what its end had not: {', '.join(written) or 'nothing'}")
     return final
 
 

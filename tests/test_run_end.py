@@ -149,8 +149,11 @@ def test_resume_auto_on_a_finished_run_rewrites_a_deleted_export_and_says_so(cwd
     assert run_cli(*run, cwd=cwd).returncode == 0
     export = run_dir / "export"
     final_bytes, ema_bytes = (export / "final.safetensors").read_bytes(), (export / "ema.safetensors").read_bytes()
+    recorded_value = json.loads((export / "final.json").read_text())["val/accuracy"]
+    assert recorded_value is not None
     (export / "final.safetensors").unlink()
     (export / "ema.safetensors").unlink()
+    (export / "final.json").unlink()
 
     again = run_cli(*run, "resume=auto", cwd=cwd)
     assert again.returncode == 0, again.output
@@ -159,6 +162,7 @@ def test_resume_auto_on_a_finished_run_rewrites_a_deleted_export_and_says_so(cwd
     assert ("the run already finished at step 4 (" in again.output
             and "wrote what its end had not: export/ema.safetensors, export/final.safetensors" in again.output)
     assert (export / "final.safetensors").read_bytes() == final_bytes
+    assert json.loads((export / "final.json").read_text()) == {"step": 4, "val/accuracy": recorded_value}
     assert (export / "ema.safetensors").read_bytes() == ema_bytes
     assert not any(path.name.startswith(".partial-") for path in export.iterdir())
     recorded = json.loads((run_dir / "result.json").read_text())
