@@ -321,6 +321,15 @@ def register_configs() -> None:
         OmegaConf.register_new_resolver("runner.in_run_dir", _in_run_dir)
     if not OmegaConf.has_resolver("runner.dir_suffix"):
         OmegaConf.register_new_resolver("runner.dir_suffix", dir_suffix)
+    if not OmegaConf.has_resolver("runner.slurm_request"):
+        OmegaConf.register_new_resolver("runner.slurm_request", _slurm_request)
+
+
+def _slurm_request(what: str, kind: Any, num_processes: Any, threads_per_process: Any) -> Any:
+    """conf/hydra/launcher/slurm.yaml: a trial's CPUs, memory and GPUs from the hardware group (runner/slurm.py)."""
+    from runner.slurm import slurm_request
+
+    return slurm_request(what, kind, num_processes, threads_per_process)
 
 
 def optuna_direction(mode: MonitorMode | str) -> str:

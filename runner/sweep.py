@@ -51,6 +51,7 @@ class SweepReport(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         refuse_search_under_torchrun(config)
+        check_slurm_request(config)
         _make_storage_dir(OmegaConf.select(config, "hydra.sweeper.storage"))
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
@@ -108,6 +109,38 @@ def refuse_search_under_torchrun(config: DictConfig) -> None:
             "hardware=multi_gpu): the values are sampled once, in that process, and the runner starts each trial's "
             "ranks itself; on SLURM add hydra/launcher=slurm."
         )
+        print(f"runner: error: {err}", file=sys.stderr)
+        raise SystemExit(1)  # a callback's ordinary exceptions are only warned about by Hydra
+
+
+SLURM_LAUNCHER = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+
+
+def check_slurm_request(config: DictConfig) -> None:
+    """hydra/launcher=slurm, before anything is submitted: a trial layout the runner cannot run (several tasks or
+    nodes per trial), or a request no node of the partition can meet (it would pend forever), ends the sweep now
+    in one paragraph."""
+    from runner import slurm
+
+    if OmegaConf.select(config, "hydra.launcher._target_") != SLURM_LAUNCHER:
+        return
+    launcher = config.hydra.launcher
+    # Unresolved: '${oc.env:SLURM_NNODES}' only resolves inside the job, and is what makes nodes > 1 one group.
+    num_machines = config.hardware._get_node("num_machines")._value()
+    problem = slurm.layout_problem(int(launcher.tasks_per_node), int(launcher.nodes), num_machines)
+    kind = str(getattr(config.hardware.kind, "value", config.hardware.kind))
+    if problem is None and kind == "multi_gpu" and launcher.gpus_per_node is None:
+        problem = ("hardware.num_processes: hardware=multi_gpu under hydra/launcher=slurm needs the number of GPUs "
+                   "each trial asks for (null means every visible GPU, which is only known once the job runs): set "
+                   "hardware.num_processes=N, and the request follows (gpus_per_node=N)")
+    try:
+        if problem is not None:
+            raise LaunchError(problem)
+        slurm.check_partition(slurm.Request(
+            partition=launcher.partition, nodes=int(launcher.nodes), tasks_per_node=int(launcher.tasks_per_node),
+            cpus_per_task=launcher.cpus_per_task, mem_gb=launcher.mem_gb, gpus_per_node=launcher.gpus_per_node,
+            timeout_min=int(launcher.timeout_min)))
+    except LaunchError as err:
         print(f"runner: error: {err}", file=sys.stderr)
         raise SystemExit(1)  # a callback's ordinary exceptions are only warned about by Hydra
 
