@@ -58,23 +58,36 @@ class SweepReport(Callback):
         self._started = time.perf_counter()
         self._started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
         run_dir = Path(config.hydra.runtime.output_dir)
+        if _writes(config):
+            report.clear_process_failures(run_dir)
         # The CLI makes the same decision (resume=auto on a finished job) and returns the recorded value.
         self._skipped = (
             report.finished_result(run_dir, _overrides(config)) if OmegaConf.select(config, "resume") == "auto" else None
         )
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
-        if not _writes(config):
-            return  # every rank (torchrun) or machine runs the job; one of them records it
         if OmegaConf.select(config, "trainer.fast_dev_run") is not None:
             return  # a debug run writes nothing but its log
+        failed = job_return.status == JobStatus.FAILED
+        if not _writes(config):
+            # Every rank (torchrun) or machine runs the job and one of them records it; a failure anywhere also
+            # fails the job, whatever the recording process saw.
+            if failed:
+                report.write_process_failure(self._result(config, job_return))
+                self._refresh_report(config)
+            return
         result = self._skipped or self._result(config, job_return)
         if self._skipped is None:
             report.write_result(result)
+            if failed:  # kept beside result.json: a peer that trained cannot overwrite it with "completed"
+                report.write_process_failure(result)
         if config.hydra.mode == RunMode.MULTIRUN:
-            sweep_dir = _sweep_dir(config)
-            report.write_hparams(sweep_dir, result)
-            report.write_report(sweep_dir, config.trainer.monitor, _mode(config))
+            report.write_hparams(_sweep_dir(config), result)
+        self._refresh_report(config)
+
+    def _refresh_report(self, config: DictConfig) -> None:
+        if config.hydra.mode == RunMode.MULTIRUN:
+            report.write_report(_sweep_dir(config), config.trainer.monitor, _mode(config))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if not _writes(config):
