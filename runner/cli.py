@@ -18,13 +18,15 @@ from pathlib import Path
 import yaml
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from runner import rundir
 from runner.checks import check
 from runner.checkpoint import find_resume, refuse_another_world_size
-from runner.config import RunConfig, RunSpec, plain, register_configs
+from runner.config import (
+    RunConfig, RunSpec, drop_swapped_group_keys, group_default_origin, plain, register_configs,
+)
 from runner.devices import resolve_hardware
 from runner.dist import adopt_slurm_tasks, restart_count, writes_run_dir
 from runner.errors import (
@@ -207,6 +209,7 @@ def run_task(cfg: DictConfig, run_dir: rundir.RunDir | None = None) -> float:
     hydra = HydraConfig.get()
     multirun = hydra.mode == RunMode.MULTIRUN
     run_dir = run_dir or rundir.inspect(Path(hydra.runtime.output_dir))
+    swap_recipe_groups(cfg, hydra)
     try:
         with stop_during_startup():
             spec = freeze(cfg, run_dir.path)
@@ -233,6 +236,7 @@ def run_task(cfg: DictConfig, run_dir: rundir.RunDir | None = None) -> float:
         value = monitored_value(final, spec.config.trainer.monitor)
     except RunnerError as err:
         err = with_recipe(with_sources(err, cfg), hydra.runtime.choices, _task_overrides(hydra))
+        err = with_group_origin(err, hydra)
         return _fail(err, run_dir, multirun)
     except Preempted as stop:
         run_dir.unlock()
@@ -247,6 +251,17 @@ def run_task(cfg: DictConfig, run_dir: rundir.RunDir | None = None) -> float:
     log.info("final %s | run dir %s", ", ".join(f"{k}={v:.4f}" for k, v in final.items()), run_dir.path)
     log.info("%s", end_summary(run_dir.path, spec.config, value, time.perf_counter() - started))
     return value
+
+
+def swap_recipe_groups(cfg: DictConfig, hydra) -> list:
+    """A group chosen on the command line (scheduler=none) replaces the recipe's choice together with the keys the
+    recipe set for it: drop them, and say which."""
+    sources = [str(source.path) for source in hydra.runtime.config_sources if source.schema == "file"]
+    swaps = drop_swapped_group_keys(cfg, dict(hydra.runtime.choices), _task_overrides(hydra), sources,
+                                    hydra.job.config_name or CONFIG_NAME)
+    for swap in swaps:
+        log.info("%s", swap.describe(hydra.runtime.choices.get("recipe")))
+    return swaps
 
 
 def end_summary(run_dir: Path, config: RunConfig, value: float, wall_s: float) -> str:
@@ -306,9 +321,19 @@ def compose_config(overrides: list[str]) -> DictConfig:
 
     try:
         with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-            return compose(CONFIG_NAME, overrides=list(overrides))
+            cfg = compose(CONFIG_NAME, overrides=list(overrides), return_hydra_config=True)
     except (HydraException, OmegaConfBaseException) as err:
         raise ConfigError("config", composition_error(err, list(overrides))) from None
+    return apply_group_swaps(cfg)
+
+
+def apply_group_swaps(cfg: DictConfig) -> DictConfig:
+    """A config composed with its `hydra` node (return_hydra_config=True) as a run gets it: the recipe's keys for a
+    group swapped on the command line dropped, the `hydra` node removed."""
+    swap_recipe_groups(cfg, cfg.hydra)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg
 
 
 def resolve(cfg: DictConfig) -> RunSpec:
@@ -372,6 +397,29 @@ def with_recipe(err: RunnerError, choices, overrides: list[str]) -> RunnerError:
                              f"what it sets: recipe={recipe} and {pairs} do not go together; use a recipe written for "
                              f"{pairs} (`python -m runner --info defaults` lists the choices) or set the keys above")
     return ConfigError([*err.problems, note])
+
+
+def with_group_origin(err: RunnerError, hydra) -> RunnerError:
+    """`model.vocab_size: is not an argument of mylab.Wide`: when the key came from the model group's default
+    option (the recipe replaced its _target_ but kept the group), say so and give the one-line fix."""
+    if not isinstance(err, ConfigError):
+        return err
+    sources = [str(source.path) for source in hydra.runtime.config_sources if source.schema == "file"]
+    choices, recipe = dict(hydra.runtime.choices), hydra.runtime.choices.get("recipe")
+    problems = []
+    for problem in err.problems:
+        found = re.match(r"is not an argument of ([\w.]+)", problem.message)
+        origin = found and group_default_origin(problem.key, found.group(1), choices, sources)
+        if origin:
+            group = problem.key.split(".")[0]
+            problem = replace(problem, message=(
+                f"{problem.message}. {problem.key} comes from {origin}, the {group} group's option "
+                f"{choices.get(group)} (the default unless the recipe overrides it), whose keys stay under your "
+                f"{group} when the recipe only sets {group}._target_: add `- override /{group}: null` to the "
+                f"defaults list of recipe {recipe} (or add ~{group} to the command line), so the {group} node holds "
+                "only what the recipe sets"))
+        problems.append(problem)
+    return ConfigError(problems) if problems != err.problems else err
 
 
 def interpolation_sources(node, prefix: str = "") -> dict[str, str]:

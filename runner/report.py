@@ -27,6 +27,10 @@ import yaml
 from runner.metrics import read_row, write_hparams_session
 
 RESULT_FILE = "result.json"
+FAILURE_PREFIX = "result.failed-"
+"""`result.failed-<host>-<pid>.json`: one process of a job failed. A job runs in several processes under torchrun
+or with several SLURM tasks; only one writes result.json, and a peer that trained may write "completed" after
+another one failed. The job is failed if any of its processes failed."""
 REPORT_CSV = "sweep_report.csv"
 REPORT_MD = "sweep_report.md"
 
@@ -153,10 +157,33 @@ def write_result(result: JobResult) -> None:
     _atomic_write(Path(result.run_dir) / RESULT_FILE, result.to_json())
 
 
+def write_process_failure(result: JobResult) -> None:
+    """Record that this process of the job failed (kept beside result.json, which one process owns)."""
+    import socket
+
+    name = f"{FAILURE_PREFIX}{socket.gethostname()}-{os.getpid()}.json"
+    _atomic_write(Path(result.run_dir) / name, result.to_json())
+
+
+def clear_process_failures(run_dir: Path) -> None:
+    """A job starting again (a re-run of the sweep) starts without the failures of its last attempt."""
+    for path in run_dir.glob(f"{FAILURE_PREFIX}*.json"):
+        path.unlink(missing_ok=True)
+
+
+def _process_failure(run_dir: Path) -> JobResult | None:
+    for path in sorted(run_dir.glob(f"{FAILURE_PREFIX}*.json")):
+        try:
+            return JobResult.from_json(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+    return None
+
+
 def finished_result(run_dir: Path, overrides: list[str]) -> JobResult | None:
     """The recorded result if this job dir already holds a completed run of the same overrides (`resume=` aside)."""
     path = run_dir / RESULT_FILE
-    if not path.is_file():
+    if not path.is_file() or _process_failure(run_dir) is not None:
         return None
     try:
         result = JobResult.from_json(path.read_text(encoding="utf-8"))
@@ -195,13 +222,23 @@ def write_report(sweep_dir: Path, monitor: str, mode: str) -> list[JobResult]:
 
 
 def collect_results(sweep_dir: Path, monitor: str, mode: str) -> list[JobResult]:
-    """Every job dir's result.json; a job dir without one (running or killed) is listed as unfinished."""
+    """Every job dir's result.json; a job dir without one (running or killed) is listed as unfinished, and one where
+    any process failed as failed, whatever the others recorded."""
     finished = {path.parent for path in sweep_dir.rglob(RESULT_FILE)}
+    failed = {path.parent for path in sweep_dir.rglob(f"{FAILURE_PREFIX}*.json")}
     started = {path.parent.parent for path in sweep_dir.rglob(".hydra/overrides.yaml")}
     results = []
-    for run_dir in sorted(finished | started):
-        if run_dir in finished:
-            results.append(JobResult.from_json((run_dir / RESULT_FILE).read_text(encoding="utf-8")))
+    for run_dir in sorted(finished | failed | started):
+        recorded = JobResult.from_json((run_dir / RESULT_FILE).read_text(encoding="utf-8")) \
+            if run_dir in finished else None
+        failure = _process_failure(run_dir) if run_dir in failed else None
+        if failure is not None and (recorded is None or recorded.status != JobStatus.failed):
+            results.append(failure if recorded is None else
+                           JobResult(**{**recorded.__dict__, "status": JobStatus.failed, "error": failure.error,
+                                        "value": None}))
+            continue
+        if recorded is not None:
+            results.append(recorded)
             continue
         overrides = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text(encoding="utf-8")) or []
         job = int(run_dir.name) if run_dir.name.isdigit() else -1

@@ -51,31 +51,45 @@ class SweepReport(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         refuse_search_under_torchrun(config)
+        check_slurm_request(config)
         _make_storage_dir(OmegaConf.select(config, "hydra.sweeper.storage"))
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._started = time.perf_counter()
         self._started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
         run_dir = Path(config.hydra.runtime.output_dir)
+        if _writes(config):
+            report.clear_process_failures(run_dir)
         # The CLI makes the same decision (resume=auto on a finished job) and returns the recorded value.
         self._skipped = (
             report.finished_result(run_dir, _overrides(config)) if OmegaConf.select(config, "resume") == "auto" else None
         )
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
-        if not _writes(config):
-            return  # every rank (torchrun) or machine runs the job; one of them records it
         if OmegaConf.select(config, "trainer.fast_dev_run") is not None:
             return  # a debug run writes nothing but its log
+        failed = job_return.status == JobStatus.FAILED
+        if not _writes(config):
+            # Every rank (torchrun) or machine runs the job and one of them records it; a failure anywhere also
+            # fails the job, whatever the recording process saw.
+            if failed:
+                report.write_process_failure(self._result(config, job_return))
+                self._refresh_report(config)
+            return
         result = self._skipped or self._result(config, job_return)
         exports = report.list_exports(Path(result.run_dir))
         if self._skipped is None or exports != result.exports:  # resume=auto may have written a missing export
             result.exports = exports
             report.write_result(result)
+            if failed:  # kept beside result.json: a peer that trained cannot overwrite it with "completed"
+                report.write_process_failure(result)
         if config.hydra.mode == RunMode.MULTIRUN:
-            sweep_dir = _sweep_dir(config)
-            report.write_hparams(sweep_dir, result)
-            report.write_report(sweep_dir, config.trainer.monitor, _mode(config))
+            report.write_hparams(_sweep_dir(config), result)
+        self._refresh_report(config)
+
+    def _refresh_report(self, config: DictConfig) -> None:
+        if config.hydra.mode == RunMode.MULTIRUN:
+            report.write_report(_sweep_dir(config), config.trainer.monitor, _mode(config))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if not _writes(config):
@@ -110,6 +124,38 @@ def refuse_search_under_torchrun(config: DictConfig) -> None:
             "hardware=multi_gpu): the values are sampled once, in that process, and the runner starts each trial's "
             "ranks itself; on SLURM add hydra/launcher=slurm."
         )
+        print(f"runner: error: {err}", file=sys.stderr)
+        raise SystemExit(1)  # a callback's ordinary exceptions are only warned about by Hydra
+
+
+SLURM_LAUNCHER = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+
+
+def check_slurm_request(config: DictConfig) -> None:
+    """hydra/launcher=slurm, before anything is submitted: a trial layout the runner cannot run (several tasks or
+    nodes per trial), or a request no node of the partition can meet (it would pend forever), ends the sweep now
+    in one paragraph."""
+    from runner import slurm
+
+    if OmegaConf.select(config, "hydra.launcher._target_") != SLURM_LAUNCHER:
+        return
+    launcher = config.hydra.launcher
+    # Unresolved: '${oc.env:SLURM_NNODES}' only resolves inside the job, and is what makes nodes > 1 one group.
+    num_machines = config.hardware._get_node("num_machines")._value()
+    problem = slurm.layout_problem(int(launcher.tasks_per_node), int(launcher.nodes), num_machines)
+    kind = str(getattr(config.hardware.kind, "value", config.hardware.kind))
+    if problem is None and kind == "multi_gpu" and launcher.gpus_per_node is None:
+        problem = ("hardware.num_processes: hardware=multi_gpu under hydra/launcher=slurm needs the number of GPUs "
+                   "each trial asks for (null means every visible GPU, which is only known once the job runs): set "
+                   "hardware.num_processes=N, and the request follows (gpus_per_node=N)")
+    try:
+        if problem is not None:
+            raise LaunchError(problem)
+        slurm.check_partition(slurm.Request(
+            partition=launcher.partition, nodes=int(launcher.nodes), tasks_per_node=int(launcher.tasks_per_node),
+            cpus_per_task=launcher.cpus_per_task, mem_gb=launcher.mem_gb, gpus_per_node=launcher.gpus_per_node,
+            timeout_min=int(launcher.timeout_min)))
+    except LaunchError as err:
         print(f"runner: error: {err}", file=sys.stderr)
         raise SystemExit(1)  # a callback's ordinary exceptions are only warned about by Hydra
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 
 import pytest
+import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -132,3 +134,77 @@ def test_every_recipe_documents_itself(recipe):
     text = (Path(CONFIG_DIR) / "recipe" / f"{recipe}.yaml").read_text()
     assert text.startswith("# @package _global_\n# ")  # a comment saying what the experiment is
     assert "defaults:" in text and "override /model:" in text and "override /data:" in text
+
+
+def _compose_as_a_run(*overrides: str):
+    """Composed as `python -m runner` composes it: a group swapped on the command line drops the recipe's keys."""
+    from runner.cli import apply_group_swaps
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return apply_group_swaps(compose("config", overrides=list(overrides), return_hydra_config=True))
+
+
+def test_scheduler_none_on_the_default_recipe_is_a_constant_rate_and_the_log_names_the_dropped_keys(caplog):
+    from runner.checks import check
+    from runner.devices import resolve_hardware
+
+    with caplog.at_level(logging.INFO, logger="runner"):
+        config = freeze(_compose_as_a_run("scheduler=none"), Path("/tmp/run")).config
+    assert config.scheduler is None  # no leftover scheduler.warmup_steps on a null node
+    assert ("scheduler=none on the command line replaces the warmup_cosine of recipe reverse: its "
+            "scheduler.warmup_steps (written for warmup_cosine) is dropped") in caplog.text
+    check(config, resolve_hardware(config.hardware, config.gpu_ids))  # what refused it before: no _target_
+    assert config.optimizer["lr"] == 3e-3  # other groups keep the recipe's values
+
+
+def test_a_swapped_model_drops_the_recipes_model_keys_and_keeps_the_groups_own(caplog):
+    with caplog.at_level(logging.INFO, logger="runner"):
+        model = freeze(_compose_as_a_run("model=mlp"), Path("/r")).config.model
+    assert model["_target_"] == "runner.models.MLP" and "vocab_size" not in model and "max_len" not in model
+    assert "its model.vocab_size, model.max_len (written for seq_transformer) are dropped" in caplog.text
+    # digits_mlp sets model.hidden for its MLP; the transformer gets none of it.
+    model = freeze(_compose_as_a_run("recipe=digits_mlp", "model=seq_transformer"), Path("/r")).config.model
+    assert "hidden" not in model and model["d_model"] == 64
+
+
+def test_a_swapped_group_keeps_what_the_command_line_sets_and_takes_the_options_own_values(caplog):
+    with caplog.at_level(logging.INFO, logger="runner"):
+        sgd = freeze(_compose_as_a_run("recipe=digits_mlp", "optimizer=sgd"), Path("/r")).config.optimizer
+        chosen = freeze(_compose_as_a_run("recipe=digits_mlp", "optimizer=sgd", "optimizer.lr=0.05"),
+                        Path("/r")).config.optimizer
+    assert sgd["lr"] == 0.1  # conf/optimizer/sgd.yaml's, not the 3e-3 the recipe chose for AdamW
+    assert chosen["lr"] == 0.05 and chosen["momentum"] == 0.9
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="runner"):
+        same = freeze(_compose_as_a_run("scheduler=warmup_cosine"), Path("/r")).config.scheduler
+    assert same["warmup_steps"] == 100 and "dropped" not in caplog.text  # the recipe's own choice: nothing swapped
+
+
+USER_MODEL = "from torch import nn\n\n\nclass Wide(nn.Module):\n    def __init__(self, width):\n        super().__init__()\n" \
+             "        self.layer = nn.Linear(width, width)\n"
+USER_RECIPE = "# @package _global_\n{defaults}model:\n  _target_: mylab.Wide\n  width: 8\n" \
+              "allowed_targets: [runner., torch., datasets., mylab.]\n"
+
+
+def test_a_user_model_under_the_default_model_group_is_told_where_the_key_comes_from(tmp_path, monkeypatch, capsys):
+    from runner.cli import main
+
+    (tmp_path / "mylab").mkdir()
+    (tmp_path / "mylab" / "__init__.py").write_text(USER_MODEL)
+    (tmp_path / "myconf" / "recipe").mkdir(parents=True)
+    (tmp_path / "myconf" / "recipe" / "wide.yaml").write_text(USER_RECIPE.format(defaults=""))
+    fixed = USER_RECIPE.format(defaults="defaults:\n  - override /model: null\n")
+    (tmp_path / "myconf" / "recipe" / "wide_fixed.yaml").write_text(fixed)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["-cd", "myconf", "recipe=wide", "trainer.progress_bar=false"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 1 and "Traceback" not in err
+    assert "model.vocab_size: is not an argument of mylab.Wide; it takes width." in err
+    assert "model.vocab_size comes from " in err and "model/seq_transformer.yaml, the model group's option" in err
+    assert "add `- override /model: null` to the defaults list of recipe wide (or add ~model" in err
+    # The one-line fix, as the message gives it, leaves only the recipe's keys under model.
+    main(["-cd", "myconf", "recipe=wide_fixed", "--cfg", "job"])
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["model"] == {"_target_": "mylab.Wide", "width": 8}

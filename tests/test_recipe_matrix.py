@@ -19,7 +19,7 @@ from hydra import compose, initialize_config_dir
 
 import matrix_data
 from runner import validate as validate_module
-from runner.cli import CONFIG_DIR, TARGET_GROUPS, freeze, with_recipe
+from runner.cli import CONFIG_DIR, TARGET_GROUPS, apply_group_swaps, freeze, with_recipe
 from runner.devices import resolve_hardware
 from runner.errors import RunnerError
 
@@ -51,7 +51,9 @@ def outcomes(folder: Path) -> dict[tuple[str, str, str], RunnerError | None]:
                     overrides = [f"recipe={recipe}", f"{group}={option}",
                                  *matrix_data.overrides(recipe, group, option, files)]
                     try:
-                        spec = freeze(compose("config", overrides=overrides), folder / "run")
+                        # As a run composes it: a swapped group drops the recipe's keys for it (runner.cli).
+                        cfg = apply_group_swaps(compose("config", overrides=overrides, return_hydra_config=True))
+                        spec = freeze(cfg, folder / "run")
                         hardware = resolve_hardware(spec.config.hardware, spec.config.gpu_ids)
                         validate_module.validate(spec.config, hardware, build_the_data=group in DATA_GROUPS)
                         results[recipe, group, option] = None

@@ -134,3 +134,29 @@ def test_hparams_session_reads_back_from_tensorboard(tmp_path):
     assert events.Scalars("final/val/loss")[0].value == 1.0
     assert events.Scalars("best/val/loss")[0].value == 1.0
     assert events.Scalars("steps")[0].value == 2
+
+
+def test_a_job_one_of_whose_processes_failed_is_failed_whatever_result_json_says(tmp_path):
+    """Two SLURM tasks ran one trial: the one refused wrote its failure, then the one that trained "completed"."""
+    make_job(tmp_path, 0, ["seed=0"], losses=[2.0])
+    refused = make_job(tmp_path, 1, ["seed=1"], error=RuntimeError("another run holds this run dir"))
+    report.write_process_failure(refused)
+    make_job_dir = tmp_path / "1"
+    completed = report.job_result(make_job_dir, 1, ["seed=1"], "val/loss", "min", 1.0, None, 1.5, "")
+    report.write_result(completed)  # the peer that trained ends last, and its result.json says completed
+    results = report.write_report(tmp_path, "val/loss", "min")
+    assert [(r.job, r.status) for r in results] == [(0, JobStatus.completed), (1, JobStatus.failed)]
+    assert results[1].error == "RuntimeError: another run holds this run dir" and results[1].value is None
+    markdown = (tmp_path / report.REPORT_MD).read_text()
+    assert "2 jobs (1 completed, 1 failed)" in markdown and "Best: job 0" in markdown
+    assert report.finished_result(make_job_dir, ["seed=1"]) is None  # resume=auto runs it again
+    report.clear_process_failures(make_job_dir)  # what the job's next start does
+    assert report.finished_result(make_job_dir, ["seed=1"]).value == 1.0
+
+
+def test_a_failed_process_with_no_result_json_at_all_is_a_failed_row(tmp_path):
+    failure = make_job(tmp_path, 0, ["seed=0"], error=RuntimeError("rank 1 ran out of memory"))
+    (tmp_path / "0" / report.RESULT_FILE).unlink()
+    report.write_process_failure(failure)
+    (result,) = report.write_report(tmp_path, "val/loss", "min")
+    assert result.status == JobStatus.failed and result.error == "RuntimeError: rank 1 ran out of memory"

@@ -174,3 +174,39 @@ def test_a_search_under_torchrun_is_refused(tmp_path):
     assert result.output.count(message) >= 1, result.output
     assert "each rank would sample its own hyperparameters" in result.output
     assert not (tmp_path / "outputs").exists()
+
+
+def _job_config(tmp_path, job: int) -> "object":
+    """The config a sweep job's callback receives, as far as the sweep callback reads it."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.create({
+        "trainer": {"monitor": "val/loss", "monitor_mode": "min", "fast_dev_run": None},
+        "hardware": {"machine_rank": 0}, "resume": None,
+        "hydra": {"mode": "MULTIRUN", "sweep": {"dir": "sweep"},
+                  "runtime": {"output_dir": str(tmp_path / "sweep" / str(job)), "cwd": str(tmp_path)},
+                  "job": {"num": job}, "overrides": {"task": [f"seed={job}"]}},
+    })
+
+
+def test_a_rank_that_fails_marks_the_job_failed_though_rank_0_completed(tmp_path, monkeypatch):
+    from hydra.core.utils import JobReturn, JobStatus
+    from hydra.types import RunMode
+
+    from runner.sweep import SweepReport
+
+    config = _job_config(tmp_path, 0)
+    config.hydra.mode = RunMode.MULTIRUN
+    (tmp_path / "sweep" / "0" / ".hydra").mkdir(parents=True)
+    (tmp_path / "sweep" / "0" / ".hydra" / "overrides.yaml").write_text("- seed=0\n")
+    monkeypatch.setenv("RANK", "1")  # torchrun's rank 1: it does not own result.json
+    rank1 = SweepReport()
+    rank1.on_job_start(config)
+    failed = JobReturn(status=JobStatus.FAILED, _return_value=RuntimeError("rank 1: CUDA out of memory"))
+    rank1.on_job_end(config, failed)
+    monkeypatch.setenv("RANK", "0")
+    rank0 = SweepReport()
+    rank0.on_job_end(config, JobReturn(status=JobStatus.COMPLETED, _return_value=0.5))
+    assert json.loads((tmp_path / "sweep" / "0" / "result.json").read_text())["status"] == "completed"
+    (row,) = report_rows(tmp_path / "sweep")
+    assert row["status"] == "failed" and row["error"] == "RuntimeError: rank 1: CUDA out of memory"
