@@ -22,8 +22,9 @@ import torch
 
 FLOAT32_EPS = torch.finfo(torch.float32).eps  # 2**-23 ~ 1.19e-7
 
-# 2 from the two orders and about 2 each for cancellation, carried steps and the forward pass, rounded up; an
-# order of magnitude above what the equivalence tests measure (test_parallel.py: 2.4e-7 against a bound of 1.2e-4).
+# 2 from the two orders and about 2 each for cancellation, carried steps and the forward pass. Measured far inside
+# it (test_parallel.py: 2.4e-7 against a bound of 1.2e-4), while a real bug (a missed micro-batch, a gradient not
+# averaged) moves the weights by a sizeable fraction of their whole movement, far above the bound.
 SAFETY = 16.0
 
 
