@@ -5,12 +5,17 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# How long a test waits for something another process does (a checkpoint, a marker file, a process ending) before
+# it fails: generous, so a machine at load 40 still gets there; a correct run never waits the whole of it.
+WAIT_S = 300.0
 
 # A tiny but real default run: the generated reverse task with few rows, a couple of optimizer steps.
 TINY = ("data.num_train=256", "data.num_validation=64", "trainer.batch_size=32", "trainer.progress_bar=false")
@@ -24,7 +29,23 @@ def isolated_hf_cache(tmp_path_factory):
     # This machine's own defaults (python -m runner.machine) must not leak into the tests: an empty config home.
     os.environ["RUNNER_CONFIG_HOME"] = str(tmp_path_factory.mktemp("runner_config_home"))
     os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
+    # One thread per subprocess: the tests start many (2 ranks, a CLI run beside the test's own) on a few cores,
+    # and torch's default of one thread per core would have them fight over each core.
+    os.environ["OMP_NUM_THREADS"] = "1"
     return cache
+
+
+def wait_for(predicate, what: str, timeout: float = WAIT_S, poll_s: float = 0.05):
+    """Poll predicate() until it returns something truthy, and return that; past `timeout` seconds fail with an
+    AssertionError that says what was awaited. The deadline is for a machine that is stuck, not slow."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {timeout:.0f} s for {what}; it never happened")
+        time.sleep(poll_s)
 
 
 @dataclass

@@ -17,18 +17,19 @@ from runner.models import SeqTransformer
 
 class FaultySeqTransformer(nn.Module):
     """SeqTransformer whose `fail_rank` raises at its `fail_at_forward`-th training forward pass (1-based), and whose
-    `hang_rank` stops there for an hour. `sleep_s` slows every training forward pass, to keep a run alive long
-    enough to signal or kill its launcher."""
+    `hang_rank` stops there for an hour, after creating the file `hang_marker` (if given) for a test to wait on.
+    `sleep_s` slows every training forward pass, to keep a run alive long enough to signal or kill its launcher."""
 
     def __init__(self, fail_rank: int = -1, fail_at_forward: int = 0, sleep_s: float = 0.0, hang_rank: int = -1,
-                 hang_at_forward: int = 0, fail_attempt: int | None = None, **model_kwargs):
+                 hang_at_forward: int = 0, fail_attempt: int | None = None, hang_marker: str | None = None,
+                 **model_kwargs):
         super().__init__()
         self.model = SeqTransformer(**model_kwargs)
         self.fail_rank, self.fail_at_forward, self.sleep_s = fail_rank, fail_at_forward, sleep_s
         # fail_attempt: fail only in that attempt of the group (TORCHELASTIC_RESTART_COUNT), e.g. 0: the first.
         if fail_attempt is not None and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) != fail_attempt:
             self.fail_rank = -1
-        self.hang_rank, self.hang_at_forward = hang_rank, hang_at_forward
+        self.hang_rank, self.hang_at_forward, self.hang_marker = hang_rank, hang_at_forward, hang_marker
         self.training_forwards = 0
 
     def forward(self, tokens):
@@ -38,6 +39,8 @@ class FaultySeqTransformer(nn.Module):
             if int(os.environ.get("RANK", 0)) == self.fail_rank and self.training_forwards == self.fail_at_forward:
                 raise ValueError(f"injected failure at training forward {self.training_forwards}")
             if int(os.environ.get("RANK", 0)) == self.hang_rank and self.training_forwards == self.hang_at_forward:
+                if self.hang_marker:
+                    open(self.hang_marker, "w").close()
                 time.sleep(3600)  # a rank stuck in its own code (a deadlock, a dead file system): its peers wait
             time.sleep(self.sleep_s)
         return self.model(tokens)

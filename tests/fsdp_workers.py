@@ -23,6 +23,17 @@ from runner.tasks import LanguageModeling
 from runner.parallel import prepare_blocks
 
 STEPS, ROWS, LR = 4, 8, 1e-2  # 4 optimizer steps on a global batch of 8 sequences
+TOKENS_PER_STEP = ROWS * 8  # the terms each optimizer step's gradient sums (block_size 8), in any layout
+
+
+def adamw(parameters):
+    return torch.optim.AdamW(parameters, lr=LR)
+
+
+def sgd_momentum(parameters):
+    """For the equivalence checks: its weight change is linear in the gradients, so two summation orders leave
+    differences that scale with (n - 1) * eps (tests/tolerances.py); Adam's normalisation would not."""
+    return torch.optim.SGD(parameters, lr=0.5, momentum=0.9)
 
 
 def tiny_gpt(seed: int = 0, dropout: float = 0.0) -> GPT:
@@ -39,10 +50,10 @@ def loss_of(model, tokens: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(model(tokens).flatten(0, 1).float(), tokens.flatten())
 
 
-def reference(steps: int = STEPS, max_norm: float | None = None) -> tuple[dict, list[float]]:
+def reference(steps: int = STEPS, max_norm: float | None = None, make_optimizer=adamw) -> tuple[dict, list[float]]:
     """One process, the whole global batch per step: the weights and gradient norms every layout must match."""
     model = tiny_gpt()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    optimizer = make_optimizer(model.parameters())
     norms = []
     for step in range(steps):
         loss_of(model, global_batch(step)).backward()
@@ -53,10 +64,11 @@ def reference(steps: int = STEPS, max_norm: float | None = None) -> tuple[dict, 
     return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}, norms
 
 
-def train(accelerator: Accelerator, model, steps: int = STEPS, max_norm: float | None = None, first_step: int = 0):
+def train(accelerator: Accelerator, model, steps: int = STEPS, max_norm: float | None = None, first_step: int = 0,
+          make_optimizer=adamw):
     """The hand-written loop (accumulate/autocast/backward/clip): this rank's rows of each global batch, split into
     the accelerator's micro-batches. The optimizer is built before prepare(), as Accelerate users do."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    optimizer = make_optimizer(model.parameters())
     model, optimizer = accelerator.prepare(model, optimizer)
     return model, optimizer, run_steps(accelerator, model, optimizer, steps, max_norm, first_step)
 
@@ -100,27 +112,31 @@ def fsdp_checks(tmp_dir: str) -> dict:
 
 
 def equivalence() -> dict:
-    """FSDP and DDP against one process: plain, then with clipping and 2 accumulated micro-batches."""
-    plain, _ = reference()
-    clipped, reference_norms = reference(max_norm=0.5)
-    results = {}
+    """FSDP and DDP against one process: plain, then with clipping and 2 accumulated micro-batches. SGD with
+    momentum (see sgd_momentum); "moved" is how far one process moved the weights, the scale of the bound."""
+    plain, _ = reference(make_optimizer=sgd_momentum)
+    clipped, reference_norms = reference(max_norm=0.5, make_optimizer=sgd_momentum)
+    initial = tiny_gpt().state_dict()
+    results = {"moved": max_difference(plain, initial), "clipped_moved": max_difference(clipped, initial)}
     for kind in ("fsdp", "ddp"):
-        model, _, _ = train(Accelerator("cpu", parallel=kind), tiny_gpt())
+        model, _, _ = train(Accelerator("cpu", parallel=kind), tiny_gpt(), make_optimizer=sgd_momentum)
         weights = gathered(model) if kind == "fsdp" else {k: v.detach() for k, v in model.module.state_dict().items()}
         results[kind] = {"diff": max_difference(weights, plain) if weights else None,
                          "parameter_type": type(next(model.parameters())).__name__}
     # The options: blocks named by class, parameters kept gathered from forward to backward.
     options = ParallelConfig(kind=ParallelKind.fsdp, shard_modules=["Block"], reshard_after_forward=False)
-    model, _, _ = train(Accelerator("cpu", parallel=options), tiny_gpt())
+    model, _, _ = train(Accelerator("cpu", parallel=options), tiny_gpt(), make_optimizer=sgd_momentum)
     weights = gathered(model)
     results["fsdp_options"] = {"diff": max_difference(weights, plain) if weights else None,
                                "units": sorted(type(module).__name__ for module in model.modules()
                                                if type(module).__name__.startswith("FSDP"))}
-    model, _, log = train(Accelerator("cpu", parallel="fsdp", gradient_accumulation_steps=2), tiny_gpt(), max_norm=0.5)
+    model, _, log = train(Accelerator("cpu", parallel="fsdp", gradient_accumulation_steps=2), tiny_gpt(), max_norm=0.5,
+                          make_optimizer=sgd_momentum)
     weights = gathered(model)
     results["fsdp_clip_accumulate"] = {
         "diff": max_difference(weights, clipped) if weights else None,
         "norm_diff": max(abs(a - b) for a, b in zip(log["norms"], reference_norms)),
+        "largest_norm": max(reference_norms),
         "norms": len(log["norms"]),
     }
     results["local_shard_rows"] = next(model.parameters()).to_local().shape[0]
@@ -131,7 +147,7 @@ def equivalence() -> dict:
 def saved_model(tmp_dir: Path) -> str:
     """Accelerator.save_model under FSDP, in shards of at most 20 kB: every process calls it, rank 0 writes."""
     accelerator = Accelerator("cpu", parallel="fsdp")
-    model, _, _ = train(accelerator, tiny_gpt())
+    model, _, _ = train(accelerator, tiny_gpt(), make_optimizer=sgd_momentum)  # against reference(): see equivalence
     accelerator.save_model(model, tmp_dir / "saved", max_shard_size="20KB")
     return ",".join(sorted(path.name for path in (tmp_dir / "saved").iterdir()))
 

@@ -16,6 +16,7 @@ from runner.accelerator import Accelerator, set_seed
 from runner.checkpoint import damage
 from runner.dist import DistInfo
 from runner.prepared import AcceleratedOptimizer, AcceleratedScheduler
+from tolerances import reordered_sum_bound
 
 STEPS = 6
 
@@ -111,7 +112,9 @@ def test_accumulating_4_batches_of_8_matches_batches_of_32():
     assert isinstance(optimizer, AcceleratedOptimizer) and isinstance(scheduler, AcceleratedScheduler)
     accelerated_loop(accelerator, model, optimizer, loader, scheduler)
 
-    assert max_difference(reference, candidate) < 1e-6
+    # 4 micro-batches of 8 against one batch of 32: each step's gradient sums its 32 rows in another order.
+    bound = reordered_sum_bound(32, max_difference(reference, make_model()))
+    assert max_difference(reference, candidate) <= bound
     # 24 micro-batches, 6 cycles: the optimizer and the schedule each stepped 6 times, not 24.
     assert scheduler.last_epoch == STEPS == ref_scheduler.last_epoch
     assert scheduler.get_last_lr() == pytest.approx([0.1 * 0.5**STEPS])
@@ -378,8 +381,11 @@ def run_loop(batch_size: int, grad_accum_steps: int, steps: int = 3):
 def test_the_loop_accumulating_4x8_matches_batches_of_32():
     losses, model = run_loop(batch_size=32, grad_accum_steps=1)
     accumulated_losses, accumulated_model = run_loop(batch_size=8, grad_accum_steps=4)
-    assert len(losses) == 3 and accumulated_losses == pytest.approx(losses, abs=1e-6)
-    assert 0 < max_difference(model, make_model()) and max_difference(model, accumulated_model) < 1e-6
+    assert len(losses) == 3
+    for accumulated, whole in zip(accumulated_losses, losses):  # each a mean of 32 rows, summed in another order
+        assert abs(accumulated - whole) <= reordered_sum_bound(32, abs(whole)), (accumulated_losses, losses)
+    moved = max_difference(model, make_model())
+    assert 0 < moved and max_difference(model, accumulated_model) <= reordered_sum_bound(32, moved)
 
 
 def test_the_loop_under_fp16_clips_and_logs_the_grad_norm(cli):
@@ -411,14 +417,17 @@ def test_two_gloo_processes_with_accumulation_match_one_process_with_the_whole_b
 
     # A schedule that moves every step: 2 processes must step it once per optimizer step, as one process does (the
     # runner's batches are split batches; stepped Accelerate's N times per step, the losses would differ).
-    common = (*TINY, "trainer.max_steps=2", "scheduler=warmup_cosine", "scheduler.warmup_steps=4")
+    # SGD: its steps are linear in the gradients, so the summation order's rounding stays within the bound below.
+    common = (*TINY, "trainer.max_steps=2", "scheduler=warmup_cosine", "scheduler.warmup_steps=4", "optimizer=sgd")
     # A global batch of 128: 2 processes x 2 micro-batches of 32 take the same 128 rows per step as one process.
     one = cli(*common, "trainer.batch_size=128", cwd=(tmp_path / "one").mkdir() or tmp_path / "one")
     two = cli(*common, "trainer.batch_size=128", "hardware=multi_cpu", "hardware.start_method=fork",
               "trainer.grad_accum_steps=2", cwd=(tmp_path / "two").mkdir() or tmp_path / "two")
     assert "batch: 128 global per optimizer step = 32 per device x 2 process(es) x 2 accumulation step(s)" in \
         (two.run_dir() / "runner_rank0.log").read_text()
-    assert _final_val_loss(two) == pytest.approx(_final_val_loss(one), abs=1e-4)
+    # Each step sums 128 rows x 12 tokens in another order; the relative rounding carries into the loss.
+    single = _final_val_loss(one)
+    assert abs(_final_val_loss(two) - single) <= reordered_sum_bound(128 * 12, single), (_final_val_loss(two), single)
 
 
 def test_batches_of_namedtuples_and_dataclasses_move_every_tensor_and_keep_their_type():

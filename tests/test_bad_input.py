@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY, run_cli
+from conftest import TINY, WAIT_S, run_cli
 
 from runner.cli import main
 
@@ -226,7 +226,7 @@ def test_a_second_run_into_a_busy_run_dir_is_refused_naming_the_holder(user_fold
     holder.lock()  # what a run in progress holds for its lifetime
     try:
         code = subprocess.run([sys.executable, "-m", "runner", "hydra.run.dir=busy", *TINY], capture_output=True,
-                              text=True, cwd=user_folder, timeout=120)
+                              text=True, cwd=user_folder, timeout=WAIT_S)
     finally:
         holder.unlock()
     assert code.returncode == 1, code.stderr

@@ -341,7 +341,7 @@ def test_sealing_runs_in_the_background_and_the_checkpoint_appears_only_when_sea
     real_seal = files.seal
 
     def slow_seal(*args):
-        release.wait(timeout=30)
+        release.wait(timeout=300)  # set by the test below; the deadline is for a stuck test, not a slow one
         return real_seal(*args)
 
     monkeypatch.setattr(files, "seal", slow_seal)

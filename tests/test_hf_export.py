@@ -10,6 +10,7 @@ from safetensors.torch import load_file
 
 from conftest import read_scalars
 from test_text import corpus
+from tolerances import reordered_sum_bound
 
 TINY_GPT2 = ("model.config.n_layer=1", "model.config.n_head=2", "model.config.n_embd=32", "data.block_size=16")
 
@@ -53,4 +54,6 @@ def test_gpt2_hf_run_exports_a_model_from_pretrained_loads_with_the_final_weight
         parts = [task.evaluation_stats(loaded, batch) for batch in make_batches(splits["validation"], 64, False, 0, 64)]
     val_loss = task.summarize({key: sum(part[key] for part in parts) for key in parts[0]})["loss"]
     (step, logged), = read_scalars(run_dir, "val/loss")
-    assert step == 3 and val_loss == pytest.approx(logged, rel=1e-5)
+    # A mean over every validation token, which this process may sum in another order (other threads, batches).
+    tokens = len(splits["validation"]) * 16
+    assert step == 3 and abs(val_loss - logged) <= reordered_sum_bound(tokens, abs(logged)), (val_loss, logged)

@@ -16,6 +16,7 @@ import torch
 
 from conftest import ROOT, read_jsonl, run_cli, run_dirs_under
 from runner.launch import script_failure, split_command
+from tolerances import reordered_sum_bound
 
 SCRIPT = ROOT / "tests" / "scripts" / "handwritten_train.py"
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -34,10 +35,16 @@ def one_process(tmp_path_factory) -> dict:
 
 
 def _assert_same_training(result: dict, reference: dict) -> None:
+    """2 processes x 16 rows against 1 x 32, SGD: each step's gradient sums the same 32 rows in another order, so
+    weights and losses differ by at most that rounding (tests/tolerances.py)."""
     assert result["processes"] == 2 and reference["processes"] == 1
-    assert result["losses"] == pytest.approx(reference["losses"], rel=1e-5)
+    assert len(result["losses"]) == len(reference["losses"])
+    for several, single in zip(result["losses"], reference["losses"]):
+        assert abs(several - single) <= reordered_sum_bound(32, abs(single)), (result["losses"], reference["losses"])
+    moved = max(float((value - reference["initial"][name]).abs().max()) for name, value in reference["weights"].items())
+    bound = reordered_sum_bound(32, moved)
     for name, value in reference["weights"].items():
-        torch.testing.assert_close(result["weights"][name], value, rtol=1e-5, atol=1e-6)
+        assert float((result["weights"][name] - value).abs().max()) <= bound, (name, bound)
 
 
 def test_runner_launch_runs_the_readme_loop_on_two_processes_like_one_with_the_whole_batch(tmp_path, one_process):

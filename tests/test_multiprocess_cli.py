@@ -13,7 +13,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,8 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from conftest import ROOT, read_jsonl, read_scalars, run_cli, run_dirs_under
+from conftest import ROOT, WAIT_S, read_jsonl, read_scalars, run_cli, run_dirs_under, wait_for
+from tolerances import reordered_sum_bound
 
 SMALL = ("data.num_validation=63", "trainer.progress_bar=false")  # 63: the ranks' eval shards differ in size
 FORK = ("hardware=multi_cpu", "hardware.start_method=fork")
@@ -88,8 +88,8 @@ def test_a_table_is_read_into_the_datasets_cache_once_by_the_launcher_and_the_ra
 
 def test_a_failing_rank_stops_the_group_names_itself_and_leaves_no_process(cli):
     result = cli(*FORK, *SMALL, *FAULTY, "data.num_train=256", "trainer.batch_size=32", "+model.fail_rank=1",
-                 "+model.fail_at_forward=3", "hardware.shutdown_timeout_s=5", env=HELPERS_ENV)
-    ended = time.time()
+                 "+model.fail_at_forward=3", "hardware.shutdown_timeout_s=5", env=HELPERS_ENV,
+                 timeout=WAIT_S)  # ends well before rank 0's collective timeout (hardware.timeout_s, 600 s)
     assert result.returncode == 1, result.output
     assert "runner: error: rank 1 failed after 2 optimizer step(s): ValueError: injected failure at training " \
            "forward 3" in result.stderr, result.stderr[-3000:]
@@ -98,9 +98,6 @@ def test_a_failing_rank_stops_the_group_names_itself_and_leaves_no_process(cli):
     run_dir = result.run_dir()
     assert f"its full log: {run_dir / 'runner_rank1.log'}" in result.stderr
     assert "Traceback" in _rank_log(run_dir, 1)  # the whole traceback is in the rank's own log
-    failed_at = re.search(r"\[([\d-]+ [\d:]+),\d+\]\[runner.worker\]\[ERROR\] - rank 1 failed", _rank_log(run_dir, 1))
-    seconds_to_stop = ended - time.mktime(time.strptime(failed_at.group(1), "%Y-%m-%d %H:%M:%S"))
-    assert seconds_to_stop < 5 + 15  # shutdown_timeout_s plus slack for a loaded machine, not a hang
     assert not any(_alive(_worker_pid(run_dir, rank)) for rank in (0, 1))
 
 
@@ -110,25 +107,23 @@ def test_killing_the_launcher_takes_its_workers_down(tmp_path):
     launcher = subprocess.Popen(command, cwd=tmp_path, env={**os.environ, **HELPERS_ENV},
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        pids = _wait_for_worker_pids(tmp_path, deadline=time.monotonic() + 120)
+        pids = _wait_for_worker_pids(tmp_path)
         assert all(_alive(pid) for pid in pids)
     finally:
         launcher.kill()  # SIGKILL: the launcher gets no chance to stop its workers itself
         launcher.wait()
-    deadline = time.monotonic() + 20
-    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not any(_alive(pid) for pid in pids), "orphaned workers survived their launcher"
+    wait_for(lambda: not any(_alive(pid) for pid in pids), f"the workers {pids} to end with their launcher "
+             "(orphaned workers survived it)")
 
 
-def _wait_for_worker_pids(cwd: Path, deadline: float) -> list[int]:
-    while time.monotonic() < deadline:
-        logs = sorted((cwd / "outputs").rglob("runner_rank*.log"))
-        texts = [log.read_text() for log in logs]
+def _wait_for_worker_pids(cwd: Path) -> list[int]:
+    def started() -> list[int]:
+        texts = [log.read_text() for log in sorted((cwd / "outputs").rglob("runner_rank*.log"))]
         if len(texts) == 2 and all("global per optimizer step" in text for text in texts):
             return [int(re.search(r"pid (\d+)", text).group(1)) for text in texts]
-        time.sleep(0.2)
-    raise AssertionError("the workers never started")
+        return []
+
+    return wait_for(started, "both workers to start (runner_rank*.log saying 'global per optimizer step')", poll_s=0.2)
 
 
 def test_two_runs_at_once_do_not_collide(tmp_path):
@@ -168,9 +163,11 @@ def one_process_reference(tmp_path_factory):
 
 
 # A global batch of 64 (trainer.batch_size is global): 64 x 1, 32 x 2 or 16 x 4 per device; 63 validation rows
-# split unevenly across the ranks.
+# split unevenly across the ranks. SGD with momentum: its weight change is linear in the gradients, so the process
+# count's summation order leaves differences within tests/tolerances.py's bound (AdamW's normalisation would not).
 INVARIANT = ("data.num_train=256", "trainer.max_steps=4", "trainer.log_every_steps=1", "trainer.batch_size=64",
-             *SMALL)
+             "optimizer=sgd", *SMALL)
+TOKENS_PER_STEP = 64 * 12  # the terms each step's gradient sums: 64 sequences of 12 digits (conf/data/reverse_digits)
 
 
 @pytest.mark.parametrize("processes, start", [(2, "spawn"), (4, "fork")])
@@ -186,15 +183,21 @@ def test_the_same_command_trains_the_same_weights_on_any_number_of_processes(cli
     weights = [load_file(run.run_dir() / "checkpoints" / "step_00000004" / "model.safetensors")
                for run in (one_process_reference, result)]
     assert weights[0].keys() == weights[1].keys()
+    # Scale: each tensor's largest weight, which bounds what 4 small SGD steps moved it (biases start at 0, where
+    # the two coincide) and the rounding of the weight itself.
     for name in weights[0]:
-        torch.testing.assert_close(weights[1][name], weights[0][name], rtol=1e-4, atol=1e-5, msg=name)
+        bound = reordered_sum_bound(TOKENS_PER_STEP, float(weights[0][name].abs().max()))
+        difference = float((weights[1][name] - weights[0][name]).abs().max())
+        assert difference <= bound, (name, difference, bound)
     losses = [[value for _, value in read_scalars(run.run_dir(), "train/loss")] for run in (one_process_reference, result)]
-    assert len(losses[0]) == 4 and losses[1] == pytest.approx(losses[0], rel=1e-5)
+    assert len(losses[0]) == 4
+    for several, single in zip(losses[1], losses[0]):  # each a mean over the step's tokens, reordered
+        assert abs(several - single) <= reordered_sum_bound(TOKENS_PER_STEP, abs(single)), losses
     # Evaluation over 63 rows split unevenly across the ranks: the same numbers as one process.
     for tag in ("val/loss", "val/accuracy"):
         (_, single), = read_scalars(one_process_reference.run_dir(), tag)
         (_, several), = read_scalars(result.run_dir(), tag)
-        assert several == pytest.approx(single, rel=1e-5), tag
+        assert abs(several - single) <= reordered_sum_bound(63 * 12, abs(single)), (tag, several, single)
 
 
 def test_a_global_batch_the_processes_cannot_share_is_refused(cli):

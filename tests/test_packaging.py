@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, read_scalars
+from conftest import ROOT, WAIT_S, read_scalars
 
 USER_RECIPE = """# @package _global_
 # My experiment: my own model on the built-in reverse data.
@@ -115,7 +115,7 @@ def test_every_runner_module_imports_without_posix_only_modules():
         "        failed.append(f'{module.name}: {error!r}')\n"
         "print('\\n'.join(failed) or 'ok')\n"
     )
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=WAIT_S)
     assert result.stdout.strip() == "ok", result.stdout + result.stderr
 
 
@@ -133,7 +133,7 @@ def test_the_accelerator_alone_imports_nothing_a_hand_written_loop_does_not_use(
         "print(' '.join(sorted({name.split('.')[0] for name in new})))\n"
         "print(' '.join(sorted(name for name in new if name.startswith('runner.data.'))))\n"
     )
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=WAIT_S)
     assert result.returncode == 0, result.stderr
     top_level, data_modules = result.stdout.splitlines()
     imported = set(top_level.split())

@@ -13,6 +13,7 @@ from torch import nn
 
 import fsdp_workers
 from dist_workers import launch
+from tolerances import reordered_sum_bound
 from runner.accelerator import Accelerator
 from runner.checks import check
 from runner.cli import load
@@ -40,14 +41,19 @@ def test_fsdp_trains_what_one_process_trains_on_the_global_batch_and_so_does_ddp
     main = results[0]
     assert main["fsdp"]["parameter_type"] == "DTensor" and main["ddp"]["parameter_type"] == "Parameter"
     assert main["local_shard_rows"] == main["full_rows"] // 2  # each process holds half of each parameter
-    assert main["fsdp"]["diff"] < 1e-5 and main["ddp"]["diff"] < 1e-5
+    # Each layout sums each step's TOKENS_PER_STEP gradient terms in its own order (2 halves, then the reduction):
+    # the weights may differ by that rounding, scaled by how far training moved them (tests/tolerances.py).
+    bound = reordered_sum_bound(fsdp_workers.TOKENS_PER_STEP, main["moved"])
+    assert main["fsdp"]["diff"] <= bound and main["ddp"]["diff"] <= bound, (main["fsdp"], main["ddp"], bound)
     assert results[1]["fsdp"]["diff"] is None  # the whole weights are gathered onto rank 0 only
 
 
 def test_fsdp_options_named_blocks_and_no_reshard_after_forward_train_the_same(fsdp):
-    options = fsdp[0][0]["fsdp_options"]
+    main = fsdp[0][0]
+    options = main["fsdp_options"]
     assert options["units"] == ["FSDPBlock", "FSDPBlock", "FSDPGPT"]  # each Block, then the model itself
-    assert options["diff"] < 1e-5
+    bound = reordered_sum_bound(fsdp_workers.TOKENS_PER_STEP, main["moved"])  # as for the plain layout above
+    assert options["diff"] <= bound, (options["diff"], bound)
 
 
 def test_an_optimizer_prepared_after_its_model_follows_the_shards_and_a_stepped_one_is_refused(fsdp):
@@ -58,9 +64,17 @@ def test_an_optimizer_prepared_after_its_model_follows_the_shards_and_a_stepped_
 
 
 def test_fsdp_clipping_and_accumulation_agree_with_one_process(fsdp):
-    clipped = fsdp[0][0]["fsdp_clip_accumulate"]
+    main = fsdp[0][0]
+    clipped = main["fsdp_clip_accumulate"]
     assert clipped["norms"] == fsdp_workers.STEPS  # clipped once per optimizer step, not per micro-batch
-    assert clipped["norm_diff"] < 1e-5 and clipped["diff"] < 1e-5  # the global norm, over every shard
+    # The global norm, over every shard: its gradients carry the relative rounding of TOKENS_PER_STEP reordered
+    # terms; squaring and summing positive terms per shard cancels nothing, so the norm keeps that relative size.
+    # The weights: as without clipping (the clip factor carries the norm's relative rounding, well inside it).
+    terms = fsdp_workers.TOKENS_PER_STEP
+    norm_bound = reordered_sum_bound(terms, clipped["largest_norm"])
+    weight_bound = reordered_sum_bound(terms, main["clipped_moved"])
+    assert clipped["norm_diff"] <= norm_bound, (clipped["norm_diff"], norm_bound)
+    assert clipped["diff"] <= weight_bound, (clipped["diff"], weight_bound)
 
 
 def test_evaluation_with_fewer_rows_than_processes_or_uneven_shards_gives_one_process_metrics(fsdp):
@@ -73,7 +87,9 @@ def test_evaluation_with_fewer_rows_than_processes_or_uneven_shards_gives_one_pr
         for rank in (0, 1):
             for kind, metrics in fsdp[0][rank]["evaluation"][f"rows{rows}"].items():
                 assert metrics.keys() == alone.keys(), (rows, kind)
-                assert all(abs(metrics[name] - alone[name]) < 1e-5 for name in alone), (rows, kind, metrics, alone)
+                # Means over rows x 8 tokens, summed per process and then across them: one reordered sum.
+                assert all(abs(metrics[name] - alone[name]) <= reordered_sum_bound(rows * 8, abs(alone[name]))
+                           for name in alone), (rows, kind, metrics, alone)
 
 
 def test_bf16_under_fsdp_computes_in_bf16_and_keeps_fp32_shards_and_gradients(fsdp):
@@ -106,8 +122,9 @@ def test_save_model_under_fsdp_writes_the_whole_trained_model_in_shards_from_pre
     assert "model.safetensors.index.json" in names and len(names) > 2 and "model.safetensors" not in names
     model = fsdp_workers.tiny_gpt(seed=9)
     load_torch_model(model, tmp_dir / "saved", strict=True)  # transformers' sharded layout, every key present
-    expected, _ = fsdp_workers.reference()
-    assert fsdp_workers.max_difference(model.state_dict(), expected) < 1e-5
+    expected, _ = fsdp_workers.reference(make_optimizer=fsdp_workers.sgd_momentum)
+    bound = reordered_sum_bound(fsdp_workers.TOKENS_PER_STEP, results[0]["moved"])  # trained as in equivalence()
+    assert fsdp_workers.max_difference(model.state_dict(), expected) <= bound
 
 
 def test_checkpointed_and_compiled_blocks_train_like_plain_ones_and_keep_their_names(fsdp):

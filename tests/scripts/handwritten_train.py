@@ -23,6 +23,7 @@ args = parser.parse_args()
 torch.manual_seed(0)
 source, targets = torch.randn(128, 8), torch.randint(0, 3, (128,))
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+initial = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}  # the tests' scale
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 data = DataLoader(TensorDataset(source, targets), batch_size=args.batch_size, shuffle=False)
 
@@ -43,5 +44,5 @@ for source, targets in data:
     optimizer.step()
     losses.append(accelerator.reduce(loss.detach(), "mean").item())
 if accelerator.is_main_process:
-    torch.save({"weights": accelerator.unwrap_model(model).state_dict(), "losses": losses,
+    torch.save({"weights": accelerator.unwrap_model(model).state_dict(), "initial": initial, "losses": losses,
                 "processes": accelerator.num_processes}, args.out)
