@@ -40,10 +40,10 @@ for run in $(seq "$runs"); do
     python -m pytest "$@" >"$log" 2>&1
     status=$?
     seconds=$(( $(date +%s) - started ))
-    summary="$(grep -E '^=+ .*(passed|failed|error|skipped).* in [0-9.]+s' "$log" | tail -n 1)"
-    [ -n "$summary" ] || summary="(no pytest summary line; exit status $status; last lines below)"
+    # "== 1 failed, 500 passed in 1710.2s ==" (or without the rulers under -q)
+    summary="$(grep -E '(passed|failed|error|skipped|no tests ran).* in [0-9.]+s' "$log" | tail -n 1 | sed -E 's/^[= ]+|[= ]+$//g')"
     echo "run $run/$runs: exit $status, ${seconds} s ($(( seconds / 60 )) min $(( seconds % 60 )) s), load average" \
-         "$(cut -d' ' -f1-3 /proc/loadavg): $summary"
+         "$(cut -d' ' -f1-3 /proc/loadavg): ${summary:-no pytest summary line}"
     if [ "$status" -ne 0 ]; then
         failed=1
         grep -E '^(FAILED|ERROR) ' "$log" || tail -n 20 "$log"
