@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 from torch import nn
 
+from runner.callbacks import Callback
 from runner.models import SeqTransformer
 
 
@@ -109,3 +111,26 @@ class FailsToBuild(FaultySeqTransformer):
         if int(os.environ.get("RANK", 0)) == build_fail_rank:
             raise ValueError("injected failure while building the model")
         super().__init__(**model_kwargs)
+
+
+class HoldAfterCheckpoint(Callback):
+    """Holds a run still once its first checkpoint at or after a chosen step is saved, so a test can kill or signal
+    it mid-run however slow the machine is: without it, a loaded machine can finish the run before the test's poll
+    sees the checkpoint ("the stop came too late").
+
+    Chosen by the environment, not the config, so a held run and its uninterrupted reference share one config.yaml
+    (the resume tests compare them): RUNNER_TEST_HOLD="<step>:<dir>". Every rank writes <dir>/held_rank<r> once
+    holding, then waits for a stop signal or its death, for at most 300 s."""
+
+    def __init__(self):
+        step, _, directory = os.environ.get("RUNNER_TEST_HOLD", "").partition(":")
+        self.step, self.directory, self.held = int(step or 0), directory, False
+
+    def on_save(self, loop, path) -> None:
+        if not self.directory or self.held or path is None or loop.state.step < self.step:
+            return
+        self.held = True
+        (Path(self.directory) / f"held_rank{loop.accelerator.process_index}").touch()
+        deadline = time.monotonic() + 300
+        while loop.stop.received is None and time.monotonic() < deadline:
+            time.sleep(0.05)

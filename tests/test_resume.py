@@ -7,26 +7,35 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import read_jsonl, read_scalars, run_cli
+from conftest import ROOT, read_jsonl, read_scalars, wait_for
+from conftest import run_cli as run_cli_with
 from runner.checkpoint import complete_checkpoints, read_pointer
 from runner.data.batches import TensorBatches
 
 # 256 rows / 16 per batch = 16 batches per epoch, 2 epochs; a checkpoint every 3 optimizer steps.
 RUN = ("data.num_train=256", "data.num_validation=64", "trainer.batch_size=16", "trainer.progress_bar=false",
-       "trainer.max_epochs=2", "trainer.log_every_steps=2", "trainer.eval_every_steps=10", "checkpoint.every_n_steps=3")
-TIMING_KEYS = ("train/samples_per_s",)  # wall-clock throughput: the one logged value that may differ
+       "trainer.max_epochs=2", "trainer.log_every_steps=2", "trainer.eval_every_steps=10", "checkpoint.every_n_steps=3",
+       # Holds a run that start() interrupts after its checkpoint (tests/dist_helpers.py); does nothing elsewhere.
+       "allowed_targets=[runner.,torch.,dist_helpers.]", "+callbacks.hold._target_=dist_helpers.HoldAfterCheckpoint")
+TIMING_KEYS = ("train/samples_per_s",)
+# tests/ on the path of the runs (and their workers), for dist_helpers.HoldAfterCheckpoint.
+HELPERS_ENV = {"PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
 
 
-def start(cwd: Path, run_dir: Path, *overrides: str) -> subprocess.Popen:
-    """The CLI in its own session, so a kill can take its worker processes too (as when a node dies)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+def run_cli(*overrides: str, cwd: Path):
+    return run_cli_with(*overrides, cwd=cwd, env=HELPERS_ENV)  # wall-clock throughput: the one logged value that may differ
+
+
+def start(cwd: Path, run_dir: Path, hold_after: int, *overrides: str) -> subprocess.Popen:
+    """The CLI in its own session, so a kill can take its worker processes too (as when a node dies). It holds
+    still after its first checkpoint at step >= hold_after until it is killed or signalled."""
+    env = {**os.environ, **HELPERS_ENV, "PYTHONUNBUFFERED": "1", "RUNNER_TEST_HOLD": f"{hold_after}:{cwd}"}
     return subprocess.Popen([sys.executable, "-m", "runner", *RUN, f"hydra.run.dir={run_dir}", *overrides], cwd=cwd,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -38,16 +47,17 @@ def kill_everything(proc: subprocess.Popen) -> None:
     proc.stdout.close()
 
 
-def wait_for_checkpoint(run_dir: Path, min_step: int, proc: subprocess.Popen, timeout: float = 300) -> int:
-    """Poll until a complete checkpoint at min_step or later exists; returns its step."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def wait_for_checkpoint(cwd: Path, run_dir: Path, proc: subprocess.Popen, min_step: int) -> int:
+    """Waits until the run start() began in cwd holds and its checkpoint at min_step or later is sealed (sealing
+    goes on in a background thread while the run holds); returns that checkpoint's step."""
+    wait_for(lambda: (cwd / "held_rank0").exists() or proc.poll() is not None,
+             f"the run to hold after a checkpoint ({cwd / 'held_rank0'})")
+    assert proc.poll() is None, f"the run ended before holding:\n{proc.stdout.read()}"
+
+    def sealed() -> int | None:
         found = complete_checkpoints(run_dir / "checkpoints")
-        if found and found[-1][1]["step"] >= min_step:
-            return found[-1][1]["step"]
-        assert proc.poll() is None, f"the run ended before step {min_step}:\n{proc.stdout.read()}"
-        time.sleep(0.01)
-    raise AssertionError(f"no checkpoint at step >= {min_step} within {timeout} s")
+        return found[-1][1]["step"] if found and found[-1][1]["step"] >= min_step else None
+    return wait_for(sealed, f"a sealed checkpoint at step >= {min_step} in {run_dir / 'checkpoints'}")
 
 
 def logged(run_dir: Path) -> list[dict]:
@@ -82,12 +92,13 @@ def reference(tmp_path_factory) -> dict[int, Path]:
 @pytest.mark.parametrize("accumulate, stop", [(1, signal.SIGKILL), (2, signal.SIGTERM)], ids=["sigkill", "sigterm-accumulating"])
 def test_stopped_mid_epoch_then_resume_auto_is_bitwise_exact(tmp_path, reference, accumulate, stop):
     run_dir = tmp_path / "run"
-    proc = start(tmp_path, run_dir, f"trainer.grad_accum_steps={accumulate}")
-    wait_for_checkpoint(run_dir, 6 if accumulate == 1 else 3, proc)
+    hold_after = 6 if accumulate == 1 else 3
+    proc = start(tmp_path, run_dir, hold_after, f"trainer.grad_accum_steps={accumulate}")
+    wait_for_checkpoint(tmp_path, run_dir, proc, hold_after)
     if stop == signal.SIGKILL:
         kill_everything(proc)
     else:
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGTERM)  # ends the hold; the stop is honoured after the step it held in
         output, _ = proc.communicate(timeout=300)
         assert proc.returncode == 75, output
         assert "stopped by SIGTERM after optimizer step" in output and "resume=auto" in output
@@ -122,8 +133,8 @@ def test_two_processes_killed_and_resumed_are_bitwise_exact(tmp_path, ddp_refere
     """(A resume on another process count is refused: tests/test_checkpoint.py, in-process.)"""
     two, reference = TWO, ddp_reference
     run_dir = tmp_path / "run"
-    proc = start(tmp_path, run_dir, *two)
-    wait_for_checkpoint(run_dir, 3, proc)
+    proc = start(tmp_path, run_dir, 3, *two)
+    wait_for_checkpoint(tmp_path, run_dir, proc, 3)
     kill_everything(proc)  # the launcher and both workers, as when the node dies
     assert not (run_dir / "export" / "final.safetensors").exists(), "the kill came too late to test anything"
 
@@ -167,8 +178,8 @@ def test_fsdp_equals_ddp_and_one_process_is_bitwise_after_kill_9_and_reshards_2_
     assert_same_losses(fsdp_reference, ddp_reference)
 
     run_dir = tmp_path / "run"
-    proc = start(tmp_path, run_dir, *fsdp)
-    killed_at = wait_for_checkpoint(run_dir, 3, proc)
+    proc = start(tmp_path, run_dir, 3, *fsdp)
+    killed_at = wait_for_checkpoint(tmp_path, run_dir, proc, 3)
     kill_everything(proc)  # the launcher and both workers, mid-step or mid-write of the shards
     assert not (run_dir / "export" / "final.safetensors").exists(), "the kill came too late to test anything"
 
