@@ -42,7 +42,10 @@ def start(cwd: Path, run_dir: Path, hold_after: int, *overrides: str) -> subproc
 
 
 def kill_everything(proc: subprocess.Popen) -> None:
-    os.killpg(proc.pid, signal.SIGKILL)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # the whole group has ended already
+        pass
     proc.wait()
     proc.stdout.close()
 
@@ -50,14 +53,18 @@ def kill_everything(proc: subprocess.Popen) -> None:
 def wait_for_checkpoint(cwd: Path, run_dir: Path, proc: subprocess.Popen, min_step: int) -> int:
     """Waits until the run start() began in cwd holds and its checkpoint at min_step or later is sealed (sealing
     goes on in a background thread while the run holds); returns that checkpoint's step."""
-    wait_for(lambda: (cwd / "held_rank0").exists() or proc.poll() is not None,
-             f"the run to hold after a checkpoint ({cwd / 'held_rank0'})")
-    assert proc.poll() is None, f"the run ended before holding:\n{proc.stdout.read()}"
-
     def sealed() -> int | None:
         found = complete_checkpoints(run_dir / "checkpoints")
         return found[-1][1]["step"] if found and found[-1][1]["step"] >= min_step else None
-    return wait_for(sealed, f"a sealed checkpoint at step >= {min_step} in {run_dir / 'checkpoints'}")
+
+    try:
+        wait_for(lambda: (cwd / "held_rank0").exists() or proc.poll() is not None,
+                 f"the run to hold after a checkpoint ({cwd / 'held_rank0'})")
+        assert proc.poll() is None, f"the run ended before holding:\n{proc.stdout.read()}"
+        return wait_for(sealed, f"a sealed checkpoint at step >= {min_step} in {run_dir / 'checkpoints'}")
+    except BaseException:
+        kill_everything(proc)  # a held run left behind would hold for minutes
+        raise
 
 
 def logged(run_dir: Path) -> list[dict]:
