@@ -16,19 +16,7 @@ from runner.checkpoint.checkpointer import read_config
 from runner.checkpoint.files import Layout, block_digests, read_manifest
 from runner.config import CheckpointConfig, MonitorMode
 from runner.errors import CheckpointError
-from runner.models import MLP
-
-RESOLVED = {"model": {"_target_": "runner.models.MLP", "in_features": 4, "out_features": 3, "hidden": [8]},
-            "seed": 0, "resume": None}
-
-
-def _objects(seed: int = 0):
-    torch.manual_seed(seed)
-    model = MLP(4, 3, hidden=[8])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
-    model(torch.randn(5, 4)).sum().backward()
-    optimizer.step()
-    return model, optimizer
+from test_checkpoint import RESOLVED, _objects  # the same small model and config
 
 
 def _sharded_run(run_dir, steps=(1, 2)):

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, read_jsonl, run_cli, run_dirs_under
+from conftest import ROOT, read_jsonl, run_cli, run_dirs_under, wait_for
+from runner.agent import _alive
 from runner.launch import script_failure, split_command
 from tolerances import reordered_sum_bound
 
@@ -178,24 +179,6 @@ def test_a_run_restarted_by_torchrun_resumes_instead_of_refusing_its_own_checkpo
     assert [row["step"] for row in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "train/loss" in row] == [1, 2, 3, 4]
 
 
-def _wait_for(predicate, what: str, deadline_s: float = 300.0, poll_s: float = 0.05):
-    import time
-
-    deadline = time.monotonic() + deadline_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"waited {deadline_s:.0f} s for {what}"
-        time.sleep(poll_s)
-
-
-def _alive(pid: int) -> bool:
-    """Running, not a zombie left for an init that does not reap (as in some containers)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signals are Linux's")
 def test_kill_9_of_the_launcher_leaves_no_rank_of_the_script_alive(tmp_path):
     import signal
@@ -206,7 +189,7 @@ def test_kill_9_of_the_launcher_leaves_no_rank_of_the_script_alive(tmp_path):
                                 cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         pid_files = [tmp_path / "rank0.pid", tmp_path / "rank1.pid"]
-        _wait_for(lambda: all(path.exists() for path in pid_files), "both ranks of the script to write their pid")
+        wait_for(lambda: all(path.exists() for path in pid_files), "both ranks of the script to write their pid")
         ranks = [int(path.read_text()) for path in pid_files]
         assert all(_alive(pid) for pid in ranks)
         launcher.kill()
