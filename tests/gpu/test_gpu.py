@@ -90,3 +90,22 @@ def test_the_cli_on_one_gpu_with_gpu_ids(cli):
     assert result.returncode == 0, result.output
     assert f"physical {last} -> rank 0 -> cuda:0" in result.output
     assert "device cuda:0 | precision bf16 | autocast bfloat16" in (result.run_dir() / "runner.log").read_text()
+
+
+def test_sigkill_then_resume_auto_is_bitwise_exact_on_gpu(tmp_path_factory):
+    """tests/test_resume.py's SIGKILL case with hardware=gpu: killed after its checkpoint at step 6, resume=auto must
+    end with the uninterrupted run's weights, bit for bit, and log the same values (the MLP's CUDA kernels are
+    deterministic for a fixed shape, so any difference is the resume's)."""
+    from test_resume import RUN, assert_same_run, kill_everything, run_cli, start, wait_for_checkpoint
+
+    reference_cwd, cwd = tmp_path_factory.mktemp("reference"), tmp_path_factory.mktemp("killed")
+    result = run_cli(*RUN, "hardware=gpu", "hydra.run.dir=run", cwd=reference_cwd)
+    assert result.returncode == 0, result.output
+    run_dir = cwd / "run"
+    proc = start(cwd, run_dir, 6, "hardware=gpu")
+    wait_for_checkpoint(cwd, run_dir, proc, 6)
+    kill_everything(proc)
+    resumed = run_cli(*RUN, "hardware=gpu", f"hydra.run.dir={run_dir}", "resume=auto", cwd=cwd)
+    assert resumed.returncode == 0, resumed.output
+    assert "resum" in resumed.output.lower()
+    assert_same_run(run_dir, reference_cwd / "run")
