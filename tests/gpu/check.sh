@@ -8,7 +8,7 @@
 #
 # On a machine that has torch but not the project's other dependencies and no network, carry wheels: in a folder
 # named by RUNNER_GPU_WHEELS (default: <repo>/.whl), tests/gpu/fetch_wheels.sh puts what is missing; this script
-# installs them into a temporary folder on PYTHONPATH when hydra or datasets does not import.
+# installs them into a temporary folder, ahead on PYTHONPATH, when hydra, datasets or torchao does not import.
 set -u
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 WORK="$(mktemp -d -t runner-gpu-check-XXXX)"
@@ -20,10 +20,10 @@ unset CUDA_VISIBLE_DEVICES
 started=$(date +%s)
 
 WHEELS="${RUNNER_GPU_WHEELS:-$ROOT/.whl}"
-if ! python -c "import hydra, omegaconf, datasets" 2>/dev/null; then
+if ! python -c "import hydra, omegaconf, datasets, torchao" 2>/dev/null; then
   if compgen -G "$WHEELS/*.whl" >/dev/null; then
     python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$WORK/site" "$WHEELS"/*.whl \
-      && export PYTHONPATH="$PYTHONPATH:$WORK/site" && echo "installed the carried wheels from $WHEELS into $WORK/site"
+      && export PYTHONPATH="$ROOT:$WORK/site:${PYTHONPATH#"$ROOT:"}" && echo "installed the carried wheels from $WHEELS into $WORK/site"
   fi
 fi
 
