@@ -12,7 +12,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from runner.accelerator import Accelerator
-from runner.prepared import DeviceBatches
 
 from conftest import TINY
 
@@ -39,8 +38,9 @@ def _train(precision: str, steps: int = 5) -> nn.Module:
 
 def test_prepare_places_model_and_batches_on_the_gpu():
     accelerator = Accelerator("cuda")
-    model, batches = accelerator.prepare(nn.Linear(4, 4), [{"x": torch.ones(2, 4)}])
-    assert next(model.parameters()).is_cuda and isinstance(batches, DeviceBatches)
+    loader = torch.utils.data.DataLoader([{"x": torch.ones(4)}, {"x": torch.ones(4)}], batch_size=2)
+    model, batches = accelerator.prepare(nn.Linear(4, 4), loader)
+    assert next(model.parameters()).is_cuda
     assert next(iter(batches))["x"].is_cuda
 
 
