@@ -53,9 +53,18 @@ def parameters_are_finite(model: torch.nn.Module) -> bool:
     return all(bool(torch.isfinite(parameter).all()) for parameter in model.parameters())
 
 
-def evaluate(accelerator, model, batches, task, limit: int | None = None) -> dict[str, float]:
+class EvaluationStopped(Exception):
+    """A stop signal arrived during an evaluation, which was abandoned (Loop.evaluate_and_log saves and stops)."""
+
+    def __init__(self, batches_done: int):
+        super().__init__(f"evaluation abandoned after {batches_done} batch(es)")
+        self.batches_done = batches_done
+
+
+def evaluate(accelerator, model, batches, task, limit: int | None = None, stop=None) -> dict[str, float]:
     """The task's metrics over every batch (the first `limit` when given), summed exactly across processes, as
-    `val/<name>`."""
+    `val/<name>`. With `stop` (the loop's StopSignals), a stop signal is checked before each batch that every rank
+    reaches, and raises EvaluationStopped on all ranks at the same batch."""
     # The unwrapped module: DDP's forward may sync buffers with the peers, and evaluation shards are not padded,
     # so ranks can run different numbers of eval batches; a collective inside them would hang.
     model = accelerator.unwrap_model(model)
@@ -64,9 +73,13 @@ def evaluate(accelerator, model, batches, task, limit: int | None = None) -> dic
     # Under FSDP a forward is a collective: a rank with fewer rows repeats its last batch (results dropped).
     count = len(batches) if limit is None else min(limit, len(batches))
     extra = accelerator.forwards_to_match(count)
+    checks = stop.agreed_checks(count) if stop is not None else 0
     batch = None
     with torch.no_grad(), accelerator.autocast():
-        for batch in batches if limit is None else itertools.islice(batches, limit):
+        for index, batch in enumerate(batches if limit is None else itertools.islice(batches, limit)):
+            if index < checks and stop.requested():
+                model.train()
+                raise EvaluationStopped(index)
             for name, value in task.evaluation_stats(model, batch).items():
                 totals[name] = totals[name] + value if name in totals else value
         if batch is None:  # this process's shard is empty (fewer rows than processes): zero stats, same keys
@@ -133,6 +146,8 @@ class Loop:
     def _fit(self) -> dict[str, float]:
         self.progress.update(self.state.step)
         self.callbacks.on_fit_start(self)
+        if self.evaluation_pending():
+            self.evaluate_and_log()
         while not self.finished:
             self.train_epoch()
             if self.finished:
@@ -279,13 +294,32 @@ class Loop:
         self.log(metrics)
         self.progress.show({"loss": metrics["train/loss"], "samples/s": metrics["train/samples_per_s"]})
 
-    def evaluate_metrics(self) -> dict[str, float]:
-        """The validation metrics of the model as it is now (at most trainer.limit_val_batches batches)."""
+    def evaluate_metrics(self, stoppable: bool = False) -> dict[str, float]:
+        """The validation metrics of the model as it is now (at most trainer.limit_val_batches batches). Only the
+        loop's own evaluation is `stoppable`: a callback's (EMA's, on swapped-in weights) runs to its end, since
+        saving in the middle of it would save the swapped weights."""
         limit = self.settings.limit_val_batches or self.settings.fast_dev_run
-        return evaluate(self.accelerator, self.model, self.val_batches, self.task, limit)
+        return evaluate(self.accelerator, self.model, self.val_batches, self.task, limit,
+                        stop=self.stop if stoppable else None)
+
+    def evaluation_pending(self) -> bool:
+        """A stop signal abandoned the evaluation this step was due (evaluate_and_log saved the step without it):
+        the resumed run evaluates first, so its log and callbacks see what an uninterrupted run's saw. An evaluation
+        at the last step is the final one, which fit() and complete() do anyway."""
+        step = self.state.step
+        if step == 0 or self.last_eval_step == step or self.finished:
+            return False
+        if self.settings.eval_every_steps:
+            return step % self.settings.eval_every_steps == 0
+        return self.state.batch_in_epoch == 0  # by epoch: it ended, and its evaluation did not
 
     def evaluate_and_log(self) -> dict[str, float]:
-        metrics = self.evaluate_metrics()
+        try:
+            metrics = self.evaluate_metrics(stoppable=True)
+        except EvaluationStopped as stopped:
+            log.info("%s during the evaluation at step %d: evaluation abandoned after %d batch(es); it runs again "
+                     "after resume=auto", self.stop.name, self.state.step, stopped.batches_done)
+            self.stop_now()  # saves this step (without the evaluation) and raises Preempted
         self.log(metrics)
         self.last_eval_step, self.last_metrics = self.state.step, metrics
         log.info("step %d: %s", self.state.step, ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))

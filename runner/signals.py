@@ -117,6 +117,20 @@ class StopSignals:
         self._pending = torch_dist.all_reduce(self._flag, group=self._group, async_op=True)
         return False
 
+    def agreed_checks(self, count: int) -> int:
+        """How many of an evaluation's `count` batches every rank reaches: the evaluation asks requested() before
+        each of those (the same number of times on every rank, as the agreement needs), so a stop signal during a
+        long evaluation is honoured within a batch or two rather than after it (a scheduler's grace period can be
+        shorter than an evaluation). One blocking MIN over the CPU group per evaluation."""
+        if self._group is None:
+            return count if self.signals else 0
+        import torch
+        import torch.distributed as torch_dist
+
+        least = torch.tensor([count], dtype=torch.int64)
+        torch_dist.all_reduce(least, op=torch_dist.ReduceOp.MIN, group=self._group)
+        return int(least.item())
+
     @property
     def name(self) -> str:
         return self.received.name if self.received is not None else "a stop signal on another process"
@@ -136,3 +150,6 @@ class NoStopSignals:
 
     def requested(self) -> bool:
         return False
+
+    def agreed_checks(self, count: int) -> int:
+        return 0

@@ -8,6 +8,7 @@ raises at step k" happen inside a real run.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from torch import nn
 
 from runner.callbacks import Callback
 from runner.models import SeqTransformer
+from runner.tasks import SequenceToSequence
 
 
 class FaultySeqTransformer(nn.Module):
@@ -134,3 +136,22 @@ class HoldAfterCheckpoint(Callback):
         deadline = time.monotonic() + 300
         while loop.stop.received is None and time.monotonic() < deadline:
             time.sleep(0.05)
+
+
+class SignalDuringEvaluation(SequenceToSequence):
+    """SequenceToSequence that sends its own process SIGTERM during its N-th evaluation batch (1-based, counted over
+    all evaluations of this process): RUNNER_TEST_SIGNAL_IN_EVAL="<N>" on every rank, "<N>:<rank>" on one. Unset,
+    it does nothing, so a reference run shares the config."""
+
+    def __init__(self, **task_kwargs):
+        super().__init__(**task_kwargs)
+        batch, _, rank = os.environ.get("RUNNER_TEST_SIGNAL_IN_EVAL", "").partition(":")
+        this_rank = int(os.environ.get("RANK", 0))
+        self.signal_at = int(batch) if batch and (not rank or int(rank) == this_rank) else 0
+        self.batches = 0
+
+    def evaluation_stats(self, model, batch):
+        self.batches += 1
+        if self.batches == self.signal_at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return super().evaluation_stats(model, batch)
