@@ -5,7 +5,8 @@ A block is marked by an HTML comment on the line before its fence (mkdocs does n
     <!-- run -->                 run as written, in an empty folder (bash: `bash -e`; python: a fresh interpreter)
     <!-- run: fast -->           the same, with `debug=fast` after every `python -m runner` training command
     <!-- run: cfg -->            every `python -m runner` / `runner` run command only composes (`--cfg job` after
-                                 it): the overrides exist and fit; other lines run as written
+                                 it: the overrides exist and fit; a sweep, `-m`, runs with `debug=fast`); other
+                                 lines run as written
     <!-- run: setup=toy -->      a python block that continues `SETUPS["toy"]` (a model, an optimizer, data)
     <!-- run: setup=toy check=plain -->   ... and is then checked by `CHECKS["plain"]` (what the page says of it)
     <!-- skip: REASON -->        not run here; REASON is one of SKIP_REASONS
@@ -113,12 +114,17 @@ def test_every_python_and_bash_block_is_marked():
     assert len(RUN) >= 10  # the runnable examples exist (a broken marker regex would make this test vacuous)
 
 
-def _append(code: str, words: str) -> str:
-    """`words` after every run command: `python -m runner` or `runner` with overrides, not a subcommand or --cfg."""
+RUN_COMMAND = re.compile(r"(python -m )?runner(?!\.)(?! (plan|recipes|launch|machine|sample|env)\b)(?!.*--cfg\b)(\s|$)")
+
+
+def _shorten(code: str, mode: str) -> str:
+    """After every run command (`python -m runner` / `runner` with overrides; not a subcommand or --cfg):
+    `debug=fast` (mode fast, and a sweep's `-m` in mode cfg, where Hydra refuses --cfg) or `--cfg job`."""
     out = []
     for line in re.sub(r"\\\n\s*", " ", code).splitlines():
-        if re.match(r"(python -m )?runner (?!plan\b|--cfg\b|recipes\b|launch\b|machine\b|sample\b|env\b)\S", line):
-            line = line.split("  #")[0].rstrip()
+        if RUN_COMMAND.match(line):
+            line = re.sub(r"\s+#\s.*$", "", line)
+            words = "debug=fast" if mode == "fast" or " -m " in line.split("runner", 1)[1] else "--cfg job"
             if words not in line:
                 line += " " + words
         out.append(line)
@@ -132,7 +138,7 @@ def test_block_runs(where, language, code, kind, option, tmp_path):
     env["RUNNER_CONFIG_HOME"] = str(tmp_path / "config-home")  # runner.machine writes there, not into ~/.config
     options = dict(word.partition("=")[::2] for word in option.split())
     if "fast" in options or "cfg" in options:
-        code = _append(code, "debug=fast" if "fast" in options else "--cfg job")
+        code = _shorten(code, "fast" if "fast" in options else "cfg")
     if language == "python":
         code = SETUPS.get(options.get("setup"), "") + code + CHECKS.get(options.get("check"), "")
         command = [sys.executable, "-c", code]
@@ -215,3 +221,14 @@ def test_the_group_table_lists_every_option():
 
 def test_the_hardware_table_lists_every_hardware_choice():
     assert _table_names("distributed.md", "**What each hardware choice does**") == _conf("hardware")
+
+
+def test_every_python_m_command_named_in_the_readme_and_pages_exists():
+    """`python -m runner.X` in the commands table and on the pages names a module users can run."""
+    import importlib.util
+
+    text = (ROOT / "README.md").read_text() + "".join(page.read_text() for page in DOCS.glob("*.md"))
+    modules = set(re.findall(r"python -m (runner(?:\.\w+)+)", text))
+    assert {"runner.launch", "runner.machine", "runner.sample", "runner.env"} <= modules
+    missing = [name for name in sorted(modules) if importlib.util.find_spec(name) is None]
+    assert not missing, f"commands the docs name that do not exist: {missing}"
