@@ -39,7 +39,6 @@ SKIP_REASONS = {
     "install": "installs packages into the environment (CI runs the README's install and test commands)",
     "long": "a whole training run or benchmark of minutes; its figure is on the Benchmarks page with its command",
     "your-files": "needs your own files (a table, a text corpus, a model class, a finished run's directory)",
-    "torchrun": "torchrun in a test would race the suite's other processes for ports; tests/test_dist.py runs it",
     "fragment": "a line to adapt (placeholders such as `...` or `<run dir>`), not a command",
 }
 
@@ -114,11 +113,12 @@ def test_every_python_and_bash_block_is_marked():
     assert len(RUN) >= 10  # the runnable examples exist (a broken marker regex would make this test vacuous)
 
 
-RUN_COMMAND = re.compile(r"(python -m )?runner(?!\.)(?! (plan|recipes|launch|machine|sample|env)\b)(?!.*--cfg\b)(\s|$)")
+RUN_COMMAND = re.compile(r"(python -m |torchrun .*-m )?runner(?!\.)(?! (plan|recipes|launch|machine|sample|env)\b)(?!.*--cfg\b)(\s|$)")
 
 
 def _shorten(code: str, mode: str) -> str:
-    """After every run command (`python -m runner` / `runner` with overrides; not a subcommand or --cfg):
+    """After every run command (`python -m runner`, `runner` or `torchrun ... -m runner` with overrides; not a
+    subcommand or --cfg):
     `debug=fast` (mode fast, and a sweep's `-m` in mode cfg, where Hydra refuses --cfg) or `--cfg job`."""
     out = []
     for line in re.sub(r"\\\n\s*", " ", code).splitlines():
