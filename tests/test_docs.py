@@ -1,0 +1,234 @@
+"""The documentation runs as written: every python/bash block in docs/*.md is run here or says why it cannot be.
+
+A block is marked by an HTML comment on the line before its fence (mkdocs does not render it):
+
+    <!-- run -->                 run as written, in an empty folder (bash: `bash -e`; python: a fresh interpreter)
+    <!-- run: fast -->           the same, with `debug=fast` after every `python -m runner` training command
+    <!-- run: cfg -->            every `python -m runner` / `runner` run command only composes (`--cfg job` after
+                                 it: the overrides exist and fit; a sweep, `-m`, runs with `debug=fast`); other
+                                 lines run as written
+    <!-- run: setup=toy -->      a python block that continues `SETUPS["toy"]` (a model, an optimizer, data)
+    <!-- run: setup=toy check=plain -->   ... and is then checked by `CHECKS["plain"]` (what the page says of it)
+    <!-- skip: REASON -->        not run here; REASON is one of SKIP_REASONS
+
+A python or bash block with neither fails the test, so a new example is either run or says why not. The README is
+held to its length limit, and each of its links into the docs must name a page that exists. The tables that name
+what is in conf/ (recipes, groups, hardware) are checked against conf/.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, read_scalars, run_cli
+
+DOCS = ROOT / "docs"
+README_LIMIT = 15_000
+
+SKIP_REASONS = {
+    "gpu": "needs a CUDA device (tests/gpu runs these where there is one)",
+    "slurm": "needs a SLURM cluster",
+    "machines": "needs several machines",
+    "hub": "needs the Hugging Face Hub online",
+    "install": "installs packages into the environment (CI runs the README's install and test commands)",
+    "long": "a whole training run or benchmark of minutes; its figure is on the Benchmarks page with its command",
+    "your-files": "needs your own files (a table, a text corpus, a model class, a finished run's directory)",
+    "fragment": "a line to adapt (placeholders such as `...` or `<run dir>`), not a command",
+}
+
+FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.DOTALL | re.MULTILINE)
+MARKER = re.compile(r"<!--\s*(run|skip)\s*(?::\s*(.*?))?\s*-->\s*\n\s*\Z")
+
+SETUPS = {
+    "toy": '''
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+from runner import Accelerator
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+data = loader = DataLoader(TensorDataset(torch.randn(64, 8), torch.randint(0, 3, (64,))), batch_size=8)
+scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1)
+plain = __import__("copy").deepcopy(model)
+''',
+}
+
+# Run after a block: what the page claims about it.
+CHECKS = {
+    # "this loop gives bitwise the same parameters as the plain PyTorch loop"
+    "plain": '''
+plain_optimizer = torch.optim.AdamW(plain.parameters(), lr=1e-2)
+for source, targets in DataLoader(data.dataset, batch_size=8):
+    plain_optimizer.zero_grad()
+    F.cross_entropy(plain(source), targets).backward()
+    plain_optimizer.step()
+assert all(torch.equal(a, b) for a, b in zip(model.parameters(), plain.parameters())), "not bitwise the plain loop"
+''',
+}
+
+RESIDUAL_MLP = '''import torch
+from torch import nn
+
+
+class ResidualMLP(nn.Module):
+    def __init__(self, in_features: int, out_features: int, width: int = 32):
+        super().__init__()
+        self.inp, self.hidden, self.out = nn.Linear(in_features, width), nn.Linear(width, width), nn.Linear(width, out_features)
+
+    def forward(self, x):
+        h = torch.relu(self.inp(x))
+        return self.out(h + torch.relu(self.hidden(h)))
+'''
+
+
+def _blocks():
+    """(page, language, code, kind, option) for every fenced block of every page."""
+    for page in sorted(DOCS.glob("*.md")):
+        text = page.read_text()
+        for match in FENCE.finditer(text):
+            marker = MARKER.search(text[:match.start()])
+            kind, option = (marker.group(1), marker.group(2) or "") if marker else (None, "")
+            line = text[:match.start()].count("\n") + 1
+            yield f"{page.name}:{line}", match.group(1), match.group(2), kind, option
+
+
+BLOCKS = [block for block in _blocks() if block[1] in ("python", "bash")]
+RUN = [block for block in BLOCKS if block[3] == "run"]
+
+
+def test_every_python_and_bash_block_is_marked():
+    unmarked = [where for where, _, _, kind, _ in BLOCKS if kind is None]
+    assert not unmarked, f"mark these blocks <!-- run --> or <!-- skip: REASON -->: {unmarked}"
+    bad = [(where, option) for where, _, _, kind, option in BLOCKS if kind == "skip" and option not in SKIP_REASONS]
+    assert not bad, f"skip reasons must be one of {sorted(SKIP_REASONS)}: {bad}"
+    assert len(RUN) >= 10  # the runnable examples exist (a broken marker regex would make this test vacuous)
+
+
+RUN_COMMAND = re.compile(r"(python -m |torchrun .*-m )?runner(?!\.)(?! (plan|recipes|launch|machine|sample|env)\b)(?!.*--cfg\b)(\s|$)")
+
+
+def _shorten(code: str, mode: str) -> str:
+    """After every run command (`python -m runner`, `runner` or `torchrun ... -m runner` with overrides; not a
+    subcommand or --cfg):
+    `debug=fast` (mode fast, and a sweep's `-m` in mode cfg, where Hydra refuses --cfg) or `--cfg job`."""
+    out = []
+    for line in re.sub(r"\\\n\s*", " ", code).splitlines():
+        if RUN_COMMAND.match(line):
+            line = re.sub(r"\s+#\s.*$", "", line)
+            words = "debug=fast" if mode == "fast" or " -m " in line.split("runner", 1)[1] else "--cfg job"
+            if words not in line:
+                line += " " + words
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+@pytest.mark.parametrize("where,language,code,kind,option", RUN, ids=[block[0] for block in RUN])
+def test_block_runs(where, language, code, kind, option, tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env["RUNNER_CONFIG_HOME"] = str(tmp_path / "config-home")  # runner.machine writes there, not into ~/.config
+    options = dict(word.partition("=")[::2] for word in option.split())
+    if "fast" in options or "cfg" in options:
+        code = _shorten(code, "fast" if "fast" in options else "cfg")
+    if language == "python":
+        code = SETUPS.get(options.get("setup"), "") + code + CHECKS.get(options.get("check"), "")
+        command = [sys.executable, "-c", code]
+    else:
+        command = ["bash", "-e", "-o", "pipefail", "-c", code]
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, f"{where} failed:\n{code}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+
+
+def test_the_recipe_runs_as_written_from_a_users_project(tmp_path):
+    """docs/recipes.md's own recipe, with a model and a table of the shapes it names."""
+    pandas = pytest.importorskip("pandas")
+    import numpy as np
+
+    text = (DOCS / "recipes.md").read_text()
+    section = text[text.index("## Writing your own recipe"):]
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "mine.yaml").write_text(re.search(r"```yaml\n(.*?)```", section, re.DOTALL).group(1))
+    (tmp_path / "mylab").mkdir()
+    (tmp_path / "mylab" / "__init__.py").write_text("")
+    (tmp_path / "mylab" / "models.py").write_text(RESIDUAL_MLP)
+    (tmp_path / "data").mkdir()
+    rng = np.random.default_rng(0)
+    features = rng.normal(size=(400, 16)).astype("float32")
+    table = pandas.DataFrame(features, columns=[f"f{i}" for i in range(16)])
+    table["label"] = (features[:, :4].argmax(axis=1)).astype("int64")  # 4 classes
+    table.to_parquet(tmp_path / "data" / "train.parquet")
+    result = run_cli("recipe=mine", "trainer.max_epochs=2", "trainer.progress_bar=false", cwd=tmp_path)
+    assert result.returncode == 0, result.output
+    evaluations = read_scalars(result.run_dir(), "val/accuracy")
+    assert [step for step, _ in evaluations] == [3, 6]  # 320 training rows / 128 = 3 steps an epoch
+    assert evaluations[-1][1] > 0.3  # better than chance (0.25)
+
+
+def test_readme_is_short_and_its_docs_links_resolve():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme) <= README_LIMIT, f"README.md has {len(readme)} characters; the limit is {README_LIMIT}"
+    links = re.findall(r"\]\((docs/[^)#\s]+)(?:#[^)]*)?\)", readme)
+    assert len(links) >= 10, links
+    missing = [link for link in links if not (ROOT / link).is_file()]
+    assert not missing, f"README links to pages that do not exist: {missing}"
+    nav = (ROOT / "mkdocs.yml").read_text()
+    unlisted = [page.name for page in DOCS.glob("*.md") if page.name not in nav]
+    assert not unlisted, f"pages missing from mkdocs.yml's nav: {unlisted}"
+
+
+def test_the_readme_examples_are_the_pages_examples():
+    """The README's blocks are copies of blocks on the pages, where they are run: a copy that drifts fails here."""
+    readme = (ROOT / "README.md").read_text()
+    pages = "\n".join(page.read_text() for page in DOCS.glob("*.md"))
+    blocks = FENCE.findall(readme)
+    assert len(blocks) >= 3
+    drifted = [code for _, code in blocks if code not in pages]
+    assert not drifted, f"README blocks that are on no page as written: {drifted}"
+
+
+def _table_names(page: str, heading: str) -> set[str]:
+    """The backquoted names in the first column of the first table after `heading` on a page."""
+    text = (DOCS / page).read_text()
+    table = text[text.index(heading):].split("\n\n| ", 1)[1].split("\n\n", 1)[0]
+    return {re.match(r"`([^`]+)`", row.split("|")[1].strip()).group(1) for row in table.splitlines()[2:]}
+
+
+def _conf(group: str) -> set[str]:
+    return {path.stem for path in (ROOT / "conf" / group).glob("*.yaml")}
+
+
+def test_the_recipe_table_lists_every_recipe():
+    assert _table_names("recipes.md", "# Recipes and config groups") == _conf("recipe")
+
+
+def test_the_group_table_lists_every_option():
+    text = (DOCS / "recipes.md").read_text()
+    rows = dict(re.findall(r"^\| `([\w/]+)` \| (.*) \|$", text, re.MULTILINE))
+    for group in ("hardware", "parallel", "precision", "model", "optimizer", "scheduler", "data", "tokenizer",
+                  "task", "hparams_search", "hydra/launcher", "logger", "callbacks", "debug"):
+        listed = set(re.findall(r"`(\w+)`", re.sub(r"\([^)]*\)", "", rows[group])))
+        assert listed == _conf(group), (group, listed, _conf(group))
+
+
+def test_the_hardware_table_lists_every_hardware_choice():
+    assert _table_names("distributed.md", "**What each hardware choice does**") == _conf("hardware")
+
+
+def test_every_python_m_command_named_in_the_readme_and_pages_exists():
+    """`python -m runner.X` in the commands table and on the pages names a module users can run."""
+    import importlib.util
+
+    text = (ROOT / "README.md").read_text() + "".join(page.read_text() for page in DOCS.glob("*.md"))
+    modules = set(re.findall(r"python -m (runner(?:\.\w+)+)", text))
+    assert {"runner.launch", "runner.machine", "runner.sample", "runner.env"} <= modules
+    missing = [name for name in sorted(modules) if importlib.util.find_spec(name) is None]
+    assert not missing, f"commands the docs name that do not exist: {missing}"
