@@ -1,5 +1,5 @@
 """`python -m runner`. The stop-signal handler comes first, before torch and Hydra are imported: a scheduler's
-SIGTERM during those seconds ends the run with exit 75 and "nothing was trained", as the README promises.
+SIGTERM during those seconds ends the run with exit 75 and "nothing was trained", as docs/checkpoints.md promises.
 
 The guard matters: workers started with the "spawn" method import this module, and must not re-run Hydra."""
 

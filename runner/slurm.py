@@ -254,5 +254,5 @@ def layout_problem(tasks_per_node: int, nodes: int, num_machines: Any) -> Option
                 "the whole trial on its own. Add the multi-machine overrides that read SLURM's variables in the job "
                 "('hardware.num_machines=${oc.env:SLURM_NNODES}' 'hardware.machine_rank=${oc.env:SLURM_NODEID}' "
                 "'hardware.main_process_ip=${oc.env:SLURM_LAUNCH_NODE_IPADDR}' hardware.main_process_port=29500, "
-                "README: SLURM, one task per node), or keep hydra.launcher.nodes=1.")
+                "docs/distributed.md: SLURM, one task per node), or keep hydra.launcher.nodes=1.")
     return None
