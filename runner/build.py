@@ -22,7 +22,7 @@ OPTIONAL_TARGETS = ("scheduler",)
 
 
 # Callables that run arbitrary code or shell commands, refused even under an allowed prefix: a recipe is trusted
-# like a Python script (docs/recipes.md, "Recipes are code"), but an allow-listed prefix should not hide an escape hatch.
+# like a Python script (docs/troubleshooting.md, "Recipes are code"), but an allow-listed prefix should not hide an escape hatch.
 REFUSED_TARGETS = (
     "torch.utils.collect_env", "torch.hub", "torch.utils.cpp_extension", "torch.utils.model_zoo", "torch.package",
     "torch.ops.load_library", "torch.classes.load_library", "torch.distributed.rpc", "torch.jit.load",
