@@ -156,9 +156,13 @@ EXTRA_STARTUP = {
 
 
 def measure(rounds: int, arms: tuple[str, ...] = alternatives.ARMS, extra_startup: bool = True,
-            steps: int = STEPS) -> dict:
+            steps: int = STEPS, warmup: bool = True, separate_start: bool = True) -> dict:
     """Every arm's 2-process steps/s, worker CPU seconds per step and seconds to its first optimizer step, the arms
-    interleaved round by round; each arm's ratios are to the plain arm of the same round."""
+    interleaved round by round; each arm's ratios are to the plain arm of the same round.
+
+    warmup=False skips the unmeasured warm-up launches (the first runner run then generates the data), and
+    separate_start=False reads the first step's time from the throughput run instead of a 1-step launch: each arm
+    launched once a round, for a smoke test (the start-up figures then include data generation and warming)."""
     measured = ["plain", *(arm for arm in alternatives.available(arms) if arm != "plain")]
     two = arms_at_two()
     rates = {arm: [] for arm in measured}
@@ -174,20 +178,23 @@ def measure(rounds: int, arms: tuple[str, ...] = alternatives.ARMS, extra_startu
         os.environ["HF_DATASETS_CACHE"] = str(work / "hf")
         os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
         try:
-            run(runner_command(work / "warmup", 2, "auto", 1, 1), work / "warmup", runner_first_step)  # caches data
-            for arm in measured[2:]:  # and the frameworks' files in the OS cache
-                command, done = two[arm][0](work / f"warmup-{arm}", 1, 1), two[arm][1]
-                run(command, work / f"warmup-{arm}", done)
+            if warmup:
+                run(runner_command(work / "warmup", 2, "auto", 1, 1), work / "warmup", runner_first_step)  # the data
+                for arm in measured[2:]:  # and the frameworks' files in the OS cache
+                    command, done = two[arm][0](work / f"warmup-{arm}", 1, 1), two[arm][1]
+                    run(command, work / f"warmup-{arm}", done)
             for index in range(rounds):
                 for arm in alternatives.interleaved(measured, index):
                     command, done, progress, read_rate = two[arm]
                     out = work / f"tp-{arm}-{index}"
-                    _, cpu_per_step = run(command(out, steps, LOG_EVERY), out, done, progress, steps)
+                    started, cpu_per_step = run(command(out, steps, LOG_EVERY), out, done, progress, steps)
                     rates[arm].append(read_rate(out))
                     cpu[arm].append(cpu_per_step)
+                    if not separate_start:
+                        first_step[arm].append(started)
                     if arm != "runner":
                         assert json.loads((out / "result.json").read_text())["replicas_equal"], arm
-                for arm in alternatives.interleaved(measured, index + 1):
+                for arm in alternatives.interleaved(measured, index + 1) if separate_start else ():
                     command, done = two[arm][0], two[arm][1]
                     out = work / f"start-{arm}-{index}"
                     first_step[arm].append(run(command(out, 1, 1), out, done)[0])

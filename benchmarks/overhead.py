@@ -504,9 +504,11 @@ SCRIPTS_ON = {
 }
 
 
-def startup(pairs: int, arms: tuple[str, ...] = alternatives.ARMS) -> dict:
+def startup(pairs: int, arms: tuple[str, ...] = alternatives.ARMS, warmup: bool = True) -> dict:
     """Seconds from process start to the first optimizer step, alternated: `python -m runner`, and the raw script
-    alone, importing the runner's libraries, and on each framework's Accelerator-like object."""
+    alone, importing the runner's libraries, and on each framework's Accelerator-like object. warmup=False skips the
+    unmeasured warm-up runs (the first runner run then generates the data): each command launched once a pair, for
+    a smoke test."""
     scripts = {arm: SCRIPTS_ON[arm] for arm in alternatives.available(arms) if arm in SCRIPTS_ON}
     with tempfile.TemporaryDirectory() as tmp:
         # A private datasets cache, warmed by the first (unmeasured) run, so no run here generates data.
@@ -538,7 +540,8 @@ def startup(pairs: int, arms: tuple[str, ...] = alternatives.ARMS) -> dict:
             return first_step - started, ended - first_step
 
         # Warm the datasets cache and the OS file cache, the frameworks' files included.
-        runner_once(-1), plain_once(PLAIN_WITH_LIBRARIES), [plain_once(script) for script in scripts.values()]
+        if warmup:
+            runner_once(-1), plain_once(PLAIN_WITH_LIBRARIES), [plain_once(script) for script in scripts.values()]
         runner_s, to_worker_s, plain_s, libraries_s, runner_exit_s, libraries_exit_s = [], [], [], [], [], []
         on: dict[str, list[float]] = {arm: [] for arm in scripts}
         for index in range(pairs):

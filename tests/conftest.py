@@ -21,6 +21,22 @@ WAIT_S = 300.0
 TINY = ("data.num_train=256", "data.num_validation=64", "trainer.batch_size=32", "trainer.progress_bar=false")
 
 
+# The files that take longest (module fixtures that launch many processes, 2-process runs), longest first as a full
+# run measured them (--durations=0, summed per file). They run
+# first: with `-n 2 --dist loadfile` each file runs whole on one worker, and the suite ends when the busier worker
+# does, so a slow file handed out last would leave the other worker idle for minutes. xdist's own order (most tests
+# first) is switched off in pyproject.toml (--no-loadscope-reorder) so that this one holds; every other file follows
+# in collection order.
+SLOW_FILES = ("test_multiprocess_cli.py", "test_resume.py", "test_benchmarks.py", "test_recipe_matrix.py",
+              "test_faults.py", "test_sweep.py", "test_launch_script.py", "test_parallel.py", "test_cli.py",
+              "test_run_end.py", "test_accelerator.py", "test_bad_input.py", "test_packaging.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: index for index, name in enumerate(SLOW_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its own order
+
+
 @pytest.fixture(scope="session", autouse=True)
 def isolated_hf_cache(tmp_path_factory):
     """Generated datasets are cached per test session, never in the user's ~/.cache."""

@@ -38,12 +38,13 @@ ARMS = ("plain", "runner", "accelerate", "fabric")  # accelerate and lightning-f
 
 @pytest.fixture(scope="module")
 def results():
-    """Every section, with a handful of steps, one or two pairs."""
+    """Every section, with a handful of steps, one or two pairs; the start-up commands are each launched once (no
+    warm-up runs: their timings are not asserted)."""
     return {
         "tiny": overhead.compare_loops(TINY, pairs=2, steps=8, warmup=2, rounds=2),
         "malloc": {"tiny": overhead.compare_malloc(TINY, pairs=1, steps=4, warmup=2, rounds=2)},
         "data": overhead.data_path(pairs=1, rows=1024, batch_size=64, epochs=1),
-        "startup": overhead.startup(pairs=1),
+        "startup": overhead.startup(pairs=1, warmup=False),
     }
 
 
@@ -152,8 +153,9 @@ def test_an_arm_whose_package_is_missing_is_skipped_with_a_note(monkeypatch):
 
 @pytest.fixture(scope="module")
 def distributed_results():
-    """One round of 20 steps: each arm launched twice (throughput, first step) on 2 gloo processes."""
-    return compare.distributed.measure(1, extra_startup=False, steps=20)
+    """One round of 20 steps (two logging windows, the fewest a steps/s figure needs) on 2 gloo processes: each
+    arm launched once, its first step's time read from that run, with no warm-up launches."""
+    return compare.distributed.measure(1, extra_startup=False, steps=20, warmup=False, separate_start=False)
 
 
 @pytest.fixture(scope="module")
