@@ -19,7 +19,7 @@ import time
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Protocol
+from typing import Any, Iterator
 
 import yaml
 
@@ -34,16 +34,6 @@ class RunInfo:
     name: str | None = None
     tags: tuple[str, ...] = ()
     notes: str | None = None
-
-
-class Sink(Protocol):
-    def log(self, step: int, metrics: dict[str, float]) -> None: ...
-
-    def log_config(self, config: dict[str, Any]) -> None: ...
-
-    def log_final(self, config: dict[str, Any], final_metrics: dict[str, float]) -> None: ...
-
-    def close(self) -> None: ...
 
 
 class _FileSink:

@@ -19,6 +19,7 @@ UNLAYERED = 99
 LAYERS = {
     "runner.errors": 0,
     "runner.hub": 0,
+    "runner.ground": 0,
 }
 
 

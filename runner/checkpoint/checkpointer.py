@@ -29,6 +29,7 @@ from runner.checkpoint.rng import capture_rng, restore_rng
 from runner.config import CheckpointConfig, MonitorMode
 from runner.dist import all_gather_object, all_reduce, barrier, broadcast_object
 from runner.errors import CheckpointError, NonFiniteLoss, ResumeRefused, write_error
+from runner.ground import better, flatten
 from runner.parallel import is_sharded
 from runner.prepared import unwrap_optimizer
 
@@ -66,7 +67,8 @@ class Checkpointer:
         self.export_dir = run_dir / EXPORT_DIR
         self.settings = settings
         self.writer = writer and settings.enabled
-        self.monitor, self.maximize = monitor, MonitorMode(monitor_mode) is MonitorMode.max
+        self.monitor, self.mode = monitor, MonitorMode(monitor_mode)
+        self.maximize = self.mode is MonitorMode.max
         self.world_size = world_size
         self.resolved = resolved
         self.layout = Layout(layout)
@@ -203,7 +205,7 @@ class Checkpointer:
 
     def _track_best(self, step: int, value: float | None) -> bool:
         improved = value is not None and math.isfinite(value) and (
-            self.best is None or (value > self.best["value"] if self.maximize else value < self.best["value"]))
+            self.best is None or better(value, self.best["value"], self.mode))
         if improved:
             self.best = {"step": step, "value": value}
         return improved
@@ -437,19 +439,10 @@ def _warn_config_changes(path: Path, resolved: dict) -> None:
         saved = read_config(path / CONFIG_FILE)
     except OSError:
         saved = {}
-    before, now = _flatten(saved or {}), _flatten(resolved)
+    before, now = flatten(saved or {}), flatten(resolved)
     changed = sorted(key for key in before.keys() | now.keys() if key != "resume" and before.get(key) != now.get(key))
     log.warning("resume: the config differs from the one that wrote %s (%s); the run continues with the new "
                 "values and is no longer an exact continuation", path, ", ".join(changed) or "formatting only")
-
-
-def _flatten(tree, prefix: str = "") -> dict:
-    if not isinstance(tree, dict):
-        return {prefix.rstrip("."): tree}
-    flat = {}
-    for key, value in tree.items():
-        flat.update(_flatten(value, f"{prefix}{key}."))
-    return flat
 
 
 def apply_rng(state: dict) -> None:
