@@ -2,7 +2,7 @@
 
 The parent resolves it once (`resolve_hardware`) and everything below reads the result: the checks, the launcher,
 the workers and the Accelerator. Nothing else interprets a hardware kind; a new kind is an Enum value in
-runner/config.py, a YAML file in conf/hardware/ and one row of KINDS below.
+runner/config/schema.py, a YAML file in conf/hardware/ and one row of KINDS below.
 
 `gpu_ids` works through CUDA_VISIBLE_DEVICES, which CUDA reads once, when it initialises. So the GPUs are chosen
 from the environment and NVML alone (never initialising CUDA) and exported (`Hardware.apply`) before any

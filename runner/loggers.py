@@ -386,10 +386,10 @@ class Loggers:
 def make_logger(run_dir: Path, is_main: bool, sinks: dict[str, Any], jsonl: bool = True, start_step: int = 0,
                 run: RunInfo = RunInfo()) -> Loggers | NullLogger:
     """The main process's sinks: metrics.jsonl (unless jsonl is false) and each `logger.<name>` node, built through
-    runner.build (the allow-list checked in the parent); every other process logs nowhere."""
+    runner.config.instantiate (the allow-list checked in the parent); every other process logs nowhere."""
     if not is_main:
         return NullLogger()
-    from runner.build import call_built, instantiate
+    from runner.config.instantiate import call_built, instantiate
 
     built: list = [JsonlSink(run_dir, start_step, run)] if jsonl else []
     try:

@@ -110,7 +110,7 @@ def describe_run(spec) -> str:
     devices present."""
     import torch
 
-    from runner.build import build_data, build_model, build_optimizer
+    from runner.config.instantiate import build_data, build_model, build_optimizer
     from runner.data.shapes import fill_from_data, sizes_wanted
     from runner.devices import memory_per_process
     from runner.memory import human, memory_plan

@@ -78,7 +78,7 @@ def locate(path: Path) -> tuple[Path, Path, Path]:
 def load_model(weights: Path, config_file: Path) -> torch.nn.Module:
     from safetensors.torch import load_model as load_weights
 
-    from runner.build import build_model, target_problems
+    from runner.config.instantiate import build_model, target_problems
 
     from runner.checkpoint.checkpointer import read_config
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from runner.build import build_data, build_model, build_optimizer, build_scheduler, build_task
+from runner.config.instantiate import build_data, build_model, build_optimizer, build_scheduler, build_task
 from runner.checks import check
 from runner.config import RunConfig
 from runner.data.batches import make_batches

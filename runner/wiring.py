@@ -18,7 +18,7 @@ from typing import Any
 from torch import nn
 
 from runner.accelerator import Accelerator, set_seed
-from runner.build import build_data, build_model, build_optimizer, build_scheduler, build_task
+from runner.config.instantiate import build_data, build_model, build_optimizer, build_scheduler, build_task
 from runner.callbacks import RunContext, build_callbacks
 from runner.checkpoint import Checkpointer
 from runner.checkpoint.files import Layout

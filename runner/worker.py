@@ -10,7 +10,7 @@ from pathlib import Path
 
 from runner.accelerator import Accelerator
 from runner.options import DataLoaderConfiguration
-from runner.build import build_data
+from runner.config.instantiate import build_data
 from runner.callbacks import end_artifacts
 from runner.checkpoint import EXPORT_DIR, apply_rng, complete_checkpoints, restore
 from runner.checkpoint.checkpointer import FINAL_EXPORT, final_export_missing

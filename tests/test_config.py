@@ -12,7 +12,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from runner.cli import CONFIG_DIR, freeze
-from runner.config import HardwareKind, PrecisionKind, RunConfig, plain, register_configs
+from runner.config import HardwareKind, PrecisionKind, RunConfig, plain
+from runner.resolvers import register_configs
 
 register_configs()
 

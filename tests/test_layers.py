@@ -20,6 +20,7 @@ LAYERS = {
     "runner.errors": 0,
     "runner.hub": 0,
     "runner.ground": 0,
+    "runner.config": 1,
 }
 
 
