@@ -54,7 +54,7 @@ def runner_arm(corpus: str, steps: int, seed: int, run_dir: Path) -> dict:
 
     from runner.accelerator import Accelerator
     from runner.config.instantiate import build_data
-    from runner.devices import resolve_hardware
+    from runner.distributed.devices import resolve_hardware
     from runner.plan import batch_plan
     from runner.worker import train
 

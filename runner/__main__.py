@@ -6,7 +6,7 @@ The guard matters: workers started with the "spawn" method import this module, a
 import sys
 
 from runner.errors import PREEMPTED_EXIT_CODE, Preempted
-from runner.signals import stop_from_process_start
+from runner.distributed.signals import stop_from_process_start
 
 
 def main(entry: str = "main") -> None:

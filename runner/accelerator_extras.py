@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from runner import collectives, trackers
-from runner import dist as distributed
+from runner.distributed import dist as distributed
 from runner.config import ParallelKind
 
 

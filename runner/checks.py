@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from runner.config.instantiate import target_problems
 from runner.config import ParallelKind, RunConfig, StartMethod
-from runner.devices import KINDS, Hardware
+from runner.distributed.devices import KINDS, Hardware
 from runner.errors import ConfigError, Problem
 from runner.parallel import compile_problems, parallel_problems
 from runner.plan import batch_problems

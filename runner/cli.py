@@ -26,8 +26,8 @@ from runner.checks import check
 from runner.checkpoint import find_resume, refuse_another_world_size
 from runner.config import RunConfig, RunSpec, plain
 from runner.config.groups import drop_swapped_group_keys, group_default_origin
-from runner.devices import resolve_hardware
-from runner.dist import adopt_slurm_tasks, restart_count, writes_run_dir
+from runner.distributed.devices import resolve_hardware
+from runner.distributed.dist import adopt_slurm_tasks, restart_count, writes_run_dir
 from runner.errors import (
     INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, ConfigError, Preempted, Problem, RunnerError, no_stray_tracebacks,
     write_failure,
@@ -39,7 +39,7 @@ from runner.config.search_path import config_dir
 from runner.report import finished_result
 from runner.resolvers import register_configs
 from runner.shutdown import skip_collection_at_exit
-from runner.signals import stop_during_startup
+from runner.distributed.signals import stop_during_startup
 
 log = logging.getLogger("runner")
 

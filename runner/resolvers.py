@@ -48,7 +48,7 @@ def optuna_direction(mode: MonitorMode | str) -> str:
 
 def _launcher_run_id(default: str) -> str:
     """The id every rank of one torchrun launch shares (so they agree on one run dir), else `default`."""
-    from runner.dist import external_run_id
+    from runner.distributed.dist import external_run_id
 
     return external_run_id() or default
 
@@ -76,7 +76,7 @@ def dir_suffix(name: Optional[str]) -> str:
 
 def _rank_suffix() -> str:
     """"_rank<N>" in a process started by torchrun (or SLURM via torchrun), "" otherwise."""
-    from runner.dist import external_rank
+    from runner.distributed.dist import external_rank
 
     rank = external_rank()
     return "" if rank is None else f"_rank{rank}"

@@ -17,7 +17,7 @@ from runner.checks import check
 from runner.config import RunConfig
 from runner.data.batches import make_batches
 from runner.data.shapes import fill_from_data, sizes_wanted
-from runner.devices import Hardware
+from runner.distributed.devices import Hardware
 from runner.loop import planned_steps
 from runner.plan import BatchPlan, batch_plan
 

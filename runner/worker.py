@@ -17,7 +17,7 @@ from runner.checkpoint.checkpointer import FINAL_EXPORT, final_export_missing
 from runner.checkpoint.resume import newest_intact
 from runner.config import RunConfig, RunSpec, plain
 from runner.debug import apply_determinism
-from runner.dist import (
+from runner.distributed.dist import (
     DistInfo,
     broadcast_object,
     config_mismatch,
@@ -37,7 +37,7 @@ from runner.loop import is_finished
 from runner.parallel import unused_parameters_hint
 from runner.peers import NoPeers, Peers
 from runner.shutdown import skip_collection_at_exit
-from runner.signals import stop_during_startup
+from runner.distributed.signals import stop_during_startup
 from runner.wiring import Parts, build_parts, make_loop
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from runner.accelerator import Accelerator, set_seed
 from runner.checkpoint import damage
-from runner.dist import DistInfo
+from runner.distributed.dist import DistInfo
 from runner.prepared import AcceleratedOptimizer, AcceleratedScheduler
 from tolerances import reordered_sum_bound
 

@@ -169,7 +169,7 @@ def _two_ranks_one_poisoned(run_dir: str) -> dict:
     step 2 (each rank checks only its own tensors; one all-reduce makes the verdict theirs)."""
     from pathlib import Path
 
-    from runner.dist import DistInfo, destroy_process_group, init_process_group
+    from runner.distributed.dist import DistInfo, destroy_process_group, init_process_group
 
     torch.set_num_threads(1)
     info = DistInfo.from_env()

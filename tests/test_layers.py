@@ -21,6 +21,7 @@ LAYERS = {
     "runner.hub": 0,
     "runner.ground": 0,
     "runner.config": 1,
+    "runner.distributed": 2,
 }
 
 
@@ -58,7 +59,7 @@ def imports(path: Path) -> list[tuple[int, str]]:
                 source = node.module or ""
             if source.split(".")[0] != "runner":
                 continue
-            for alias in node.names:  # `from runner import dist` imports a module, `from runner import X` a name
+            for alias in node.names:  # `from runner.distributed import dist` imports a module, `from runner import X` a name
                 target = f"{source}.{alias.name}"
                 found.append((node.lineno, target if _is_module(target) else source))
     return found

@@ -26,7 +26,7 @@ from torch import nn
 from runner.checkpoint import files, sharded
 from runner.checkpoint.files import Layout
 from runner.checkpoint.rng import capture_rng, restore_rng
-from runner.dist import all_gather_object, barrier
+from runner.distributed.dist import all_gather_object, barrier
 from runner.errors import CheckpointError
 from runner.parallel import is_sharded
 from runner.prepared import unwrap_optimizer

@@ -27,7 +27,7 @@ from runner.checkpoint.hf_export import export_pretrained
 from runner.checkpoint.resume import refuse_another_world_size
 from runner.checkpoint.rng import capture_rng, restore_rng
 from runner.config import CheckpointConfig, MonitorMode
-from runner.dist import all_gather_object, all_reduce, barrier, broadcast_object
+from runner.distributed.dist import all_gather_object, all_reduce, barrier, broadcast_object
 from runner.errors import CheckpointError, NonFiniteLoss, ResumeRefused, write_error
 from runner.ground import better, flatten
 from runner.parallel import is_sharded

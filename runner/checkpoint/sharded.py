@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from runner.checkpoint import files, safe_dcp
-from runner.dist import barrier
+from runner.distributed.dist import barrier
 from runner.errors import CheckpointError, first_line, write_error
 
 

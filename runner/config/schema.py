@@ -324,7 +324,7 @@ class RunSpec:
     config: RunConfig
     run_dir: str
     hardware: Any = None
-    """runner.devices.Hardware: where the run executes (None until the parent resolved it)."""
+    """runner.distributed.devices.Hardware: where the run executes (None until the parent resolved it)."""
     batch: Any = None
     """runner.plan.BatchPlan: the global batch, its share per device and the accumulation."""
     resume_from: Optional[str] = None
