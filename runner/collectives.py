@@ -1,7 +1,8 @@
 """The Accelerator's data-sharing helpers over nested structures (a tensor, or dicts/lists/tuples of them), as
 Accelerate documents them: `split_between_processes`, `pad_across_processes`, `gather_for_metrics`.
 
-The collectives themselves are runner/distributed/dist.py's; each refuses to act locally when several processes have no group.
+The collectives themselves are runner/distributed/dist.py's; each refuses to act locally when several processes
+have no group.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from torch import nn
 from runner.accelerator import Accelerator, set_seed
 from runner.config.instantiate import build_data, build_model, build_optimizer, build_scheduler, build_task
 from runner.callbacks import RunContext, build_callbacks
-from runner.checkpoint import Checkpointer
+from runner.checkpointer import Checkpointer
 from runner.checkpoint.files import Layout
 from runner.config import ParallelKind, RunConfig, plain
 from runner.data.batches import make_batches

@@ -12,8 +12,8 @@ from runner.accelerator import Accelerator
 from runner.options import DataLoaderConfiguration
 from runner.config.instantiate import build_data
 from runner.callbacks import end_artifacts
-from runner.checkpoint import EXPORT_DIR, apply_rng, complete_checkpoints, restore
-from runner.checkpoint.checkpointer import FINAL_EXPORT, final_export_missing
+from runner.checkpoint import complete_checkpoints
+from runner.checkpointer import EXPORT_DIR, FINAL_EXPORT, apply_rng, final_export_missing, restore
 from runner.checkpoint.resume import newest_intact
 from runner.config import RunConfig, RunSpec, plain
 from runner.debug import apply_determinism

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from runner.accelerator import Accelerator
-from runner.checkpoint import MANIFEST, Checkpointer, damage, find_resume, read_pointer, restore
-from runner.checkpoint.checkpointer import tensors_are_finite
+from runner.checkpoint import MANIFEST, damage, find_resume, read_pointer
+from runner.checkpointer import Checkpointer, restore, tensors_are_finite
 from runner.checkpoint.files import Layout, block_digests, read_manifest
 from runner.config import CheckpointConfig, MonitorMode, TrainerConfig
 from runner.data.batches import TensorBatches

@@ -22,6 +22,7 @@ LAYERS = {
     "runner.ground": 0,
     "runner.config": 1,
     "runner.distributed": 2,
+    "runner.checkpoint": 3,
 }
 
 
@@ -39,7 +40,8 @@ def _module_name(path: Path) -> str:
 
 def _is_module(name: str) -> bool:
     relative = Path(*name.split("."))
-    return (PACKAGE.parent / relative).with_suffix(".py").is_file() or (PACKAGE.parent / relative / "__init__.py").is_file()
+    path = PACKAGE.parent / relative
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
 def imports(path: Path) -> list[tuple[int, str]]:
