@@ -10,8 +10,8 @@ from runner.distributed.signals import stop_from_process_start
 
 
 def main(entry: str = "main") -> None:
-    stop_from_process_start()
     try:
+        stop_from_process_start()  # inside: a signal may land between two of the handlers it installs
         from runner import cli
 
         getattr(cli, entry)()
