@@ -49,7 +49,7 @@ def worker(kind: str, steps: int) -> dict:
     import torch.nn.functional as F
 
     from runner import Accelerator
-    from runner.dist import DistInfo, destroy_process_group, init_process_group
+    from runner.distributed.dist import DistInfo, destroy_process_group, init_process_group
     from runner.models import GPT
 
     torch.set_num_threads(1)

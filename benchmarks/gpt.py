@@ -39,7 +39,7 @@ def recipe_config(corpus: str, steps: int, seed: int, overrides: tuple = ()):
     from hydra import compose, initialize_config_dir
 
     from runner.cli import CONFIG_DIR, freeze
-    from runner.config import register_configs
+    from runner.resolvers import register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
@@ -53,8 +53,8 @@ def runner_arm(corpus: str, steps: int, seed: int, run_dir: Path) -> dict:
     from dataclasses import replace
 
     from runner.accelerator import Accelerator
-    from runner.build import build_data
-    from runner.devices import resolve_hardware
+    from runner.config.instantiate import build_data
+    from runner.distributed.devices import resolve_hardware
     from runner.plan import batch_plan
     from runner.worker import train
 
@@ -72,7 +72,7 @@ def plain_arm(corpus: str, steps: int, seed: int) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from runner.build import build_data
+    from runner.config.instantiate import build_data
     from runner.models.gpt import GPT
 
     spec = recipe_config(corpus, steps, seed)

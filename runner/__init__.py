@@ -60,7 +60,7 @@ __all__ = [
 
 def __getattr__(name: str):
     module = _PUBLIC.get(name)
-    if module is None:  # a submodule (`from runner import dist`) is then imported by the import system
+    if module is None:  # a submodule (`from runner import config`) is then imported by the import system
         raise AttributeError(f"module 'runner' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value

@@ -6,12 +6,12 @@ The guard matters: workers started with the "spawn" method import this module, a
 import sys
 
 from runner.errors import PREEMPTED_EXIT_CODE, Preempted
-from runner.signals import stop_from_process_start
+from runner.distributed.signals import stop_from_process_start
 
 
 def main(entry: str = "main") -> None:
-    stop_from_process_start()
     try:
+        stop_from_process_start()  # inside: a signal may land between two of the handlers it installs
         from runner import cli
 
         getattr(cli, entry)()

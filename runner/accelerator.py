@@ -27,13 +27,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from runner import dist as distributed
+from runner.distributed import dist as distributed
 from runner import parallel
 from runner.config import ParallelConfig, ParallelKind
-from runner.devices import Hardware, for_device, this_process
+from runner.distributed.devices import Hardware, for_device, this_process
 from runner.parallel import chosen_settings, follow_sharded_parameters
 from runner.data.batches import _Batches
-from runner.dist import DistInfo
+from runner.distributed.dist import DistInfo
 from runner.precision import Precision
 from runner import collectives
 from runner.accelerator_extras import AcceleratorExtras

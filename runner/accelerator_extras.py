@@ -1,7 +1,7 @@
 """The parts of Accelerate's Accelerator API that sit beside the training step: which process runs a function,
 sharing inputs out, a stop flag all processes agree on, extra objects to checkpoint, freeing memory, the
 experiment trackers (runner/trackers.py), save_model (runner/checkpoint/model_dir.py) and save_state/load_state
-(runner/checkpoint/accelerator_state.py). Mixed into runner.Accelerator, whose process counts they read.
+(runner/accelerator_state.py). Mixed into runner.Accelerator, whose process counts they read.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from runner import collectives, trackers
-from runner import dist as distributed
+from runner.distributed import dist as distributed
 from runner.config import ParallelKind
 
 
@@ -202,7 +202,7 @@ class AcceleratorExtras:
         and each process's RNG state, in the runner's checkpoint format (written whole or not at all, with a
         verified manifest; sharded under FSDP). No directory: the next automatically named one under the
         project_config's project_dir (runner/options.py: ProjectConfiguration)."""
-        from runner.checkpoint import accelerator_state  # safetensors and DCP: only for a loop that saves
+        from runner import accelerator_state  # safetensors and DCP: only for a loop that saves
 
         project = self.project_configuration
         automatic = output_dir is None
@@ -220,7 +220,7 @@ class AcceleratorExtras:
         """Restore what save_state wrote into the objects prepared (in the same order) by this Accelerator. A
         sharded state may be loaded on another number of processes. No directory: the newest automatically named
         one under the project_config's project_dir."""
-        from runner.checkpoint import accelerator_state
+        from runner import accelerator_state
 
         automatic = input_dir is None
         if automatic:
@@ -230,7 +230,7 @@ class AcceleratorExtras:
             self.project_configuration.iteration = accelerator_state.number_of(Path(input_dir)) + 1
 
     def _state_objects(self):
-        from runner.checkpoint import accelerator_state
+        from runner import accelerator_state
 
         return accelerator_state.Objects([self.unwrap_model(model) for model in self._models], self._optimizers,
                                          self._schedulers, self.scaler, self.parallel.kind is ParallelKind.fsdp,

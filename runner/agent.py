@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from runner.devices import Hardware
-from runner.dist import DistInfo, threads_per_process
+from runner.distributed.devices import Hardware
+from runner.distributed.dist import DistInfo, threads_per_process
 
 log = logging.getLogger(__name__)
 

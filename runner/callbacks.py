@@ -127,8 +127,8 @@ HOOKS = ("on_fit_start", "on_step_end", "on_eval_end", "on_save", "on_fit_end")
 
 
 def build_callbacks(nodes: dict[str, Any], run: RunContext | None = None) -> Callbacks:
-    """Each `callbacks.<name>` node through runner.build (the same allow-list and error messages as the model's)."""
-    from runner.build import instantiate
+    """Each `callbacks.<name>` node through runner.config.instantiate (the same allow-list and error messages as the model's)."""
+    from runner.config.instantiate import instantiate
     from runner.errors import ConfigError
 
     built = {}

@@ -5,9 +5,9 @@ Every problem is collected and reported at once (one ConfigError), each naming i
 
 from __future__ import annotations
 
-from runner.build import target_problems
+from runner.config.instantiate import target_problems
 from runner.config import ParallelKind, RunConfig, StartMethod
-from runner.devices import KINDS, Hardware
+from runner.distributed.devices import KINDS, Hardware
 from runner.errors import ConfigError, Problem
 from runner.parallel import compile_problems, parallel_problems
 from runner.plan import batch_problems
@@ -74,7 +74,7 @@ TRAIN_METRICS = ("train/loss", "train/lr", "train/samples_per_s")
 
 def monitor_problems(config: RunConfig) -> list[Problem]:
     """trainer.monitor must be a metric the run measures: one the task declares (val/<name>) or a training one."""
-    from runner.build import build_task
+    from runner.config.instantiate import build_task
 
     task = build_task(config.task)
     measured = [f"val/{name}" for name in getattr(task, "metric_names", ())] + list(TRAIN_METRICS)

@@ -24,22 +24,22 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 from runner import rundir
 from runner.checks import check
 from runner.checkpoint import find_resume, refuse_another_world_size
-from runner.config import (
-    RunConfig, RunSpec, drop_swapped_group_keys, group_default_origin, plain, register_configs,
-)
-from runner.devices import resolve_hardware
-from runner.dist import adopt_slurm_tasks, restart_count, writes_run_dir
+from runner.config import RunConfig, RunSpec, plain
+from runner.config.groups import drop_swapped_group_keys, group_default_origin
+from runner.distributed.devices import resolve_hardware
+from runner.distributed.dist import adopt_slurm_tasks, restart_count, writes_run_dir
 from runner.errors import (
     INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, ConfigError, Preempted, Problem, RunnerError, no_stray_tracebacks,
     write_failure,
 )
 from runner.launch import launch
 from runner.worker import missing_final_artifacts
-from runner.paths import config_dir
 from runner.plan import batch_plan
+from runner.config.search_path import config_dir
 from runner.report import finished_result
+from runner.resolvers import register_configs
 from runner.shutdown import skip_collection_at_exit
-from runner.signals import stop_during_startup
+from runner.distributed.signals import stop_during_startup
 
 log = logging.getLogger("runner")
 
@@ -196,7 +196,7 @@ def composition_error(err: BaseException, overrides: list[str]) -> str:
 def callback_problems(cfg: DictConfig) -> list:
     """hydra.callbacks are built by Hydra before any run starts: their targets pass the same checks as the
     recipe's."""
-    from runner.build import target_problems
+    from runner.config.instantiate import target_problems
 
     callbacks = OmegaConf.to_container(cfg.hydra.callbacks, resolve=False) or {}
     allowed = [*OmegaConf.select(cfg, "allowed_targets", default=[]), *CALLBACK_PREFIXES]

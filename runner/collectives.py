@@ -1,7 +1,8 @@
 """The Accelerator's data-sharing helpers over nested structures (a tensor, or dicts/lists/tuples of them), as
 Accelerate documents them: `split_between_processes`, `pad_across_processes`, `gather_for_metrics`.
 
-The collectives themselves are runner/dist.py's; each refuses to act locally when several processes have no group.
+The collectives themselves are runner/distributed/dist.py's; each refuses to act locally when several processes
+have no group.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Any
 
 import torch
 
-from runner import dist
+from runner.distributed import dist
 from runner.prepared import tree_map
 
 

@@ -16,7 +16,7 @@ from importlib import metadata
 import torch
 import torch.distributed as torch_dist
 
-from runner import dist
+from runner.distributed import dist
 from runner.precision import FP8_MIN_CAPABILITY, cpu_has_native_bf16
 
 PACKAGES = ("runner", "torch", "hydra-core", "omegaconf", "datasets", "tensorboard", "safetensors", "torchao", "torch_xla")
@@ -68,7 +68,7 @@ def gpu_line(index: int) -> str:
 
 
 def report() -> dict[str, str]:
-    from runner.xla import xla_problem
+    from runner.distributed.devices import xla_problem
 
     return {
         "python": sys.version.split()[0],

@@ -88,6 +88,12 @@ DISK_FULL_ERRNOS = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
 ALMOST_FULL_BYTES = 2**20
 
 
+def first_line(err: BaseException) -> str:
+    """The first line of an error's message ("" for none): what a one-line report of it shows."""
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else ""
+
+
 def write_error(err: Exception, path: Path | str, what: str) -> WriteError:
     """The one-line error for a failed write of `path` (`what`: e.g. "checkpoint step 40"). Call it before
     removing partial files: libraries that write through their own streams (torch.save, safetensors) raise a

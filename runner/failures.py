@@ -13,7 +13,7 @@ import signal
 import traceback
 from typing import NamedTuple
 
-from runner.errors import RunnerError
+from runner.errors import RunnerError, first_line
 
 TRACEBACK_TAIL_LINES = 8
 STEP_ATTRIBUTE = "runner_failed_after_step"
@@ -102,8 +102,7 @@ def _is_peer_lost(err: BaseException) -> bool:
 
 
 def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else "(no message)"
+    return first_line(err) or "(no message)"
 
 
 class RootCause(NamedTuple):

@@ -29,7 +29,7 @@ from runner.agent import run_agent
 from runner.config import RunSpec, StopSignal
 from runner.errors import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, LaunchError, Preempted
 from runner.failures import RootCause, root_cause
-from runner.signals import stop_during_startup, stop_signals
+from runner.distributed.signals import stop_during_startup, stop_signals
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def warn_shared_store_on_restart() -> None:
     gloo, 1 restart in 3 hung silently and 2 failed with "connection refused" on a stale address in that store;
     with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in torchrun's own environment every restart was clean. It must be set
     before torchrun starts, so the runner can only say so (its own launcher sets it: agent.fresh_stores_on_restart)."""
-    from runner.dist import external_rank, restart_count
+    from runner.distributed.dist import external_rank, restart_count
 
     if restart_count() > 0 and os.environ.get(SHARED_STORE_SWITCH) != "1" and external_rank() in (None, 0):
         log.warning("torchrun restarted this group (restart %d) without %s=1 in its environment: a restarted group "
@@ -128,7 +128,7 @@ def split_command(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def main(argv: list[str] | None = None) -> None:
     from runner.cli import load
-    from runner.dist import adopt_slurm_tasks
+    from runner.distributed.dist import adopt_slurm_tasks
     from runner.errors import RunnerError, no_stray_tracebacks
     from runner.shutdown import skip_collection_at_exit
 

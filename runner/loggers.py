@@ -19,7 +19,7 @@ import time
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Protocol
+from typing import Any, Iterator
 
 import yaml
 
@@ -34,16 +34,6 @@ class RunInfo:
     name: str | None = None
     tags: tuple[str, ...] = ()
     notes: str | None = None
-
-
-class Sink(Protocol):
-    def log(self, step: int, metrics: dict[str, float]) -> None: ...
-
-    def log_config(self, config: dict[str, Any]) -> None: ...
-
-    def log_final(self, config: dict[str, Any], final_metrics: dict[str, float]) -> None: ...
-
-    def close(self) -> None: ...
 
 
 class _FileSink:
@@ -396,10 +386,10 @@ class Loggers:
 def make_logger(run_dir: Path, is_main: bool, sinks: dict[str, Any], jsonl: bool = True, start_step: int = 0,
                 run: RunInfo = RunInfo()) -> Loggers | NullLogger:
     """The main process's sinks: metrics.jsonl (unless jsonl is false) and each `logger.<name>` node, built through
-    runner.build (the allow-list checked in the parent); every other process logs nowhere."""
+    runner.config.instantiate (the allow-list checked in the parent); every other process logs nowhere."""
     if not is_main:
         return NullLogger()
-    from runner.build import call_built, instantiate
+    from runner.config.instantiate import call_built, instantiate
 
     built: list = [JsonlSink(run_dir, start_step, run)] if jsonl else []
     try:

@@ -15,10 +15,10 @@ import torch
 
 from runner.callbacks import Callbacks
 from runner.config import NonFinitePolicy, TrainerConfig
-from runner.dist import all_reduce_sum
+from runner.distributed.dist import all_reduce_sum
 from runner.errors import NonFiniteLoss, Preempted
 from runner.plan import BatchPlan
-from runner.signals import NoStopSignals
+from runner.distributed.signals import NoStopSignals
 
 log = logging.getLogger(__name__)
 

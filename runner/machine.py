@@ -18,7 +18,7 @@ import os
 import sys
 from pathlib import Path
 
-from runner.paths import machine_file
+from runner.config.search_path import machine_file
 
 GROUPS = ("hardware", "precision")  # chosen with `group=option`; every other setting is `key=value`
 KEYS = ("gpu_ids", "hardware.num_processes", "hardware.threads_per_process", "hardware.start_method",

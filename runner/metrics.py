@@ -9,6 +9,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from runner.ground import flatten
+
 
 def _drop_rows_after(path: Path, step: int) -> None:
     """Keep the rows up to `step` of an interrupted run's metrics.jsonl (rewritten atomically)."""
@@ -49,18 +51,8 @@ def write_hparams_session(log_dir: Path, hparams: dict[str, Any], metrics: dict[
 
 def flatten_hparams(config: dict[str, Any], prefix: str = "") -> dict[str, int | float | str | bool]:
     """Nested keys as dotted names; lists, None and other non-scalars as strings (TensorBoard refuses them)."""
-    flat: dict[str, int | float | str | bool] = {}
-    for key, value in config.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(flatten_hparams(value, prefix=f"{name}."))
-        elif isinstance(value, Enum):
-            flat[name] = str(value.value)
-        elif isinstance(value, (bool, int, float, str)):
-            flat[name] = value
-        else:
-            flat[name] = str(value)
-    return flat
+    return {name: str(value.value) if isinstance(value, Enum) else value if isinstance(value, (bool, int, float, str))
+            else str(value) for name, value in flatten(config, prefix).items()}
 
 
 class Progress:

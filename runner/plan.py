@@ -110,9 +110,9 @@ def describe_run(spec) -> str:
     devices present."""
     import torch
 
-    from runner.build import build_data, build_model, build_optimizer
+    from runner.config.instantiate import build_data, build_model, build_optimizer
     from runner.data.shapes import fill_from_data, sizes_wanted
-    from runner.devices import memory_per_process
+    from runner.distributed.devices import memory_per_process
     from runner.memory import human, memory_plan
 
     config, hardware, batch = spec.config, spec.hardware, spec.batch

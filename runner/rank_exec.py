@@ -1,7 +1,7 @@
 """`python -m runner.rank_exec LAUNCHER_PID COMMAND...`: how `python -m runner.launch` starts each rank of a user's
 script. It asks Linux to kill this process when its launcher dies (PR_SET_PDEATHSIG, which survives exec), then
 becomes `python COMMAND...` (os.execv: the same pid, no process in between). The runner's own workers get the same
-(runner.dist.exit_with_parent); without it, `kill -9` of the launcher left the script's ranks training under PID
+(runner.distributed.dist.exit_with_parent); without it, `kill -9` of the launcher left the script's ranks training under PID
 1, beside a requeued job writing the same outputs.
 
 Imports nothing heavy: it runs once per rank before the script itself starts.

@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from runner.paths import builtin_recipes, user_recipe_dirs
+from runner.config.search_path import builtin_recipes, user_recipe_dirs
 
 
 @dataclass(frozen=True)

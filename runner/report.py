@@ -24,6 +24,7 @@ from typing import Any, Iterator
 
 import yaml
 
+from runner.ground import better, write_text_atomically
 from runner.metrics import read_row, write_hparams_session
 
 RESULT_FILE = "result.json"
@@ -148,13 +149,13 @@ def read_metrics(path: Path, monitor: str, mode: str) -> tuple[dict[str, float],
         if evaluation:
             final = evaluation
         value = row.get(monitor)
-        if isinstance(value, (int, float)) and math.isfinite(value) and (best_value is None or _better(value, best_value, mode)):
+        if isinstance(value, (int, float)) and math.isfinite(value) and (best_value is None or better(value, best_value, mode)):
             best_value, best_step = value, step
     return final, best_value, best_step, steps
 
 
 def write_result(result: JobResult) -> None:
-    _atomic_write(Path(result.run_dir) / RESULT_FILE, result.to_json())
+    write_text_atomically(Path(result.run_dir) / RESULT_FILE, result.to_json())
 
 
 def write_process_failure(result: JobResult) -> None:
@@ -162,7 +163,7 @@ def write_process_failure(result: JobResult) -> None:
     import socket
 
     name = f"{FAILURE_PREFIX}{socket.gethostname()}-{os.getpid()}.json"
-    _atomic_write(Path(result.run_dir) / name, result.to_json())
+    write_text_atomically(Path(result.run_dir) / name, result.to_json())
 
 
 def clear_process_failures(run_dir: Path) -> None:
@@ -216,8 +217,8 @@ def write_report(sweep_dir: Path, monitor: str, mode: str) -> list[JobResult]:
     with _locked(sweep_dir / ".report.lock"):
         results = ranked(collect_results(sweep_dir, monitor, mode), mode)
         columns = varying_params(results)
-        _atomic_write(sweep_dir / REPORT_CSV, render_csv(results, columns, monitor))
-        _atomic_write(sweep_dir / REPORT_MD, render_markdown(results, columns, monitor, mode))
+        write_text_atomically(sweep_dir / REPORT_CSV, render_csv(results, columns, monitor))
+        write_text_atomically(sweep_dir / REPORT_MD, render_markdown(results, columns, monitor, mode))
     return results
 
 
@@ -342,10 +343,6 @@ def _metric_names(results: list[JobResult], monitor: str) -> list[str]:
     return names
 
 
-def _better(value: float, than: float, mode: str) -> bool:
-    return value > than if mode == "max" else value < than
-
-
 def _blank(value: Any) -> Any:
     return "" if value is None else value
 
@@ -369,12 +366,3 @@ def _locked(path: Path) -> Iterator[None]:
         yield
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    """Write to a temporary name, then rename: a reader never sees half a file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-        raise

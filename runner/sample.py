@@ -78,9 +78,9 @@ def locate(path: Path) -> tuple[Path, Path, Path]:
 def load_model(weights: Path, config_file: Path) -> torch.nn.Module:
     from safetensors.torch import load_model as load_weights
 
-    from runner.build import build_model, target_problems
+    from runner.config.instantiate import build_model, target_problems
 
-    from runner.checkpoint.checkpointer import read_config
+    from runner.checkpointer import read_config
 
     config = read_config(config_file)
     problems = target_problems({"model": config["model"]}, config["allowed_targets"])

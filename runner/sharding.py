@@ -29,7 +29,7 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import BatchSampler, IterableDataset, RandomSampler, Sampler
 
-from runner import dist
+from runner.distributed import dist
 from runner.errors import ConfigError, Problem
 
 

@@ -23,7 +23,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from runner import report
-from runner.dist import started_by_external_launcher, writes_run_dir
+from runner.distributed.dist import started_by_external_launcher, writes_run_dir
 from runner.errors import LaunchError
 
 log = logging.getLogger("runner")

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from runner.build import build_data, build_model, build_optimizer, build_scheduler, build_task
+from runner.config.instantiate import build_data, build_model, build_optimizer, build_scheduler, build_task
 from runner.checks import check
 from runner.config import RunConfig
 from runner.data.batches import make_batches
 from runner.data.shapes import fill_from_data, sizes_wanted
-from runner.devices import Hardware
+from runner.distributed.devices import Hardware
 from runner.loop import planned_steps
 from runner.plan import BatchPlan, batch_plan
 

@@ -18,21 +18,21 @@ from typing import Any
 from torch import nn
 
 from runner.accelerator import Accelerator, set_seed
-from runner.build import build_data, build_model, build_optimizer, build_scheduler, build_task
+from runner.config.instantiate import build_data, build_model, build_optimizer, build_scheduler, build_task
 from runner.callbacks import RunContext, build_callbacks
-from runner.checkpoint import Checkpointer
+from runner.checkpointer import Checkpointer
 from runner.checkpoint.files import Layout
 from runner.config import ParallelKind, RunConfig, plain
 from runner.data.batches import make_batches
 from runner.data.shapes import fill_from_data, fit_statistics
 from runner.debug import fast_dev_run_note, overfit_splits
-from runner.dist import local_main_first
+from runner.distributed.dist import local_main_first
 from runner.loggers import LogSink, Loggers, NullLogger, RunInfo, make_logger
 from runner.loop import Loop, planned_steps
 from runner.metrics import Progress
 from runner.parallel import prepare_blocks
 from runner.plan import BatchPlan
-from runner.signals import StopSignals
+from runner.distributed.signals import StopSignals
 from runner.summary import data_summary, model_summary, schedule_summary
 
 log = logging.getLogger(__name__)

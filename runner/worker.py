@@ -10,14 +10,14 @@ from pathlib import Path
 
 from runner.accelerator import Accelerator
 from runner.options import DataLoaderConfiguration
-from runner.build import build_data
+from runner.config.instantiate import build_data
 from runner.callbacks import end_artifacts
-from runner.checkpoint import EXPORT_DIR, apply_rng, complete_checkpoints, restore
-from runner.checkpoint.checkpointer import FINAL_EXPORT, final_export_missing
+from runner.checkpoint import complete_checkpoints
+from runner.checkpointer import EXPORT_DIR, FINAL_EXPORT, apply_rng, final_export_missing, restore
 from runner.checkpoint.resume import newest_intact
 from runner.config import RunConfig, RunSpec, plain
 from runner.debug import apply_determinism
-from runner.dist import (
+from runner.distributed.dist import (
     DistInfo,
     broadcast_object,
     config_mismatch,
@@ -37,7 +37,7 @@ from runner.loop import is_finished
 from runner.parallel import unused_parameters_hint
 from runner.peers import NoPeers, Peers
 from runner.shutdown import skip_collection_at_exit
-from runner.signals import stop_during_startup
+from runner.distributed.signals import stop_during_startup
 from runner.wiring import Parts, build_parts, make_loop
 
 log = logging.getLogger(__name__)

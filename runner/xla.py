@@ -10,23 +10,8 @@ import importlib
 
 import torch
 
+from runner.distributed.devices import INSTALL_HINT, xla_problem
 from runner.prepared import DeviceBatches
-
-INSTALL_HINT = (
-    "install the torch_xla build that matches your torch (pip install 'torch_xla[tpu]==<your torch version>'; "
-    "note: none exists for torch 2.13 yet, the newest is 2.9), or use hardware=cpu, hardware=gpu or hardware=auto"
-)
-
-
-def xla_problem() -> str | None:
-    """Why torch_xla cannot be used here, or None when it imports."""
-    try:
-        importlib.import_module("torch_xla")
-    except ImportError as err:
-        reason = "is not installed" if getattr(err, "name", None) == "torch_xla" else f"fails to import ({err})"
-        return f"tpu needs torch_xla, which {reason}; {INSTALL_HINT}"
-    return None
-
 
 class Xla:
     """The handful of torch_xla calls a run needs, behind one small object (so tests can check them with a stand-in)."""

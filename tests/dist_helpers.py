@@ -53,7 +53,7 @@ class FaultySeqTransformer(nn.Module):
 # Functions run in each of 2 processes by the elastic launcher (importable, so any start method can run them).
 
 def config_mismatch_between_ranks() -> str | None:
-    from runner.dist import DistInfo, config_mismatch, init_process_group
+    from runner.distributed.dist import DistInfo, config_mismatch, init_process_group
 
     info = DistInfo.from_env()
     init_process_group(info, "gloo", timeout_s=60)
@@ -62,7 +62,7 @@ def config_mismatch_between_ranks() -> str | None:
 
 
 def record_main_first_order(path: str) -> bool:
-    from runner.dist import DistInfo, init_process_group, local_main_first
+    from runner.distributed.dist import DistInfo, init_process_group, local_main_first
 
     info = DistInfo.from_env()
     init_process_group(info, "gloo", timeout_s=60)
@@ -78,8 +78,8 @@ def step_at_which_ranks_stop(signal_rank: int, signal_after_step: int) -> int:
     """Each rank asks StopSignals after every step; `signal_rank` gets SIGUSR1 after `signal_after_step`."""
     import signal
 
-    from runner.dist import DistInfo, init_process_group
-    from runner.signals import StopSignals
+    from runner.distributed.dist import DistInfo, init_process_group
+    from runner.distributed.signals import StopSignals
 
     info = DistInfo.from_env()
     init_process_group(info, "gloo", timeout_s=60)

@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from runner.accelerator import Accelerator
-from runner.dist import DistInfo, destroy_process_group, init_process_group
+from runner.distributed.dist import DistInfo, destroy_process_group, init_process_group
 
 
 def launch(fn, *args, nproc: int = 2) -> dict:

@@ -17,7 +17,7 @@ from runner.accelerator import Accelerator
 from runner.checkpoint import sharded
 from runner.data.batches import TensorBatches
 from runner.config import ActivationCheckpointingConfig, CompileConfig, ParallelConfig, ParallelKind
-from runner.dist import DistInfo, destroy_process_group, init_process_group
+from runner.distributed.dist import DistInfo, destroy_process_group, init_process_group
 from runner.models import GPT
 from runner.tasks import LanguageModeling
 from runner.parallel import prepare_blocks

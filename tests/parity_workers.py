@@ -14,7 +14,7 @@ from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, TensorDataset
 
 from runner import Accelerator, DataLoaderConfiguration, GradientAccumulationPlugin
-from runner.dist import DistInfo, destroy_process_group, init_process_group
+from runner.distributed.dist import DistInfo, destroy_process_group, init_process_group
 
 
 def all_checks() -> dict:

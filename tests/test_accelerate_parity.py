@@ -16,7 +16,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sequenti
 from runner import (
     Accelerator, DataLoaderConfiguration, DistributedType, GradientAccumulationPlugin, GradScalerKwargs,
 )
-from runner.dist import DistInfo
+from runner.distributed.dist import DistInfo
 from runner.config import ParallelConfig, ParallelKind
 from runner.errors import CheckpointError, ConfigError, LaunchError
 from runner.prepared import AcceleratedScheduler

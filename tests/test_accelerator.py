@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from runner.accelerator import Accelerator, set_seed
 from runner.checkpoint import damage
-from runner.dist import DistInfo
+from runner.distributed.dist import DistInfo
 from runner.prepared import AcceleratedOptimizer, AcceleratedScheduler
 from tolerances import reordered_sum_bound
 
@@ -356,7 +356,7 @@ def run_loop(batch_size: int, grad_accum_steps: int, steps: int = 3):
     from runner.data.batches import TensorBatches
     from runner.loop import Loop
     from runner.metrics import Progress
-    from runner.checkpoint import Checkpointer
+    from runner.checkpointer import Checkpointer
     from runner.config import TrainerConfig
     from runner.plan import BatchPlan
     from runner.tasks import Classification

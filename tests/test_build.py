@@ -4,7 +4,7 @@ import datasets
 import pytest
 import torch
 
-from runner.build import build_data, build_model, build_optimizer, build_scheduler, build_task, target_problems
+from runner.config.instantiate import build_data, build_model, build_optimizer, build_scheduler, build_task, target_problems
 from runner.errors import ConfigError, DataError
 from runner.tasks import Classification
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from runner.accelerator import Accelerator
-from runner.checkpoint import MANIFEST, Checkpointer, damage, find_resume, read_pointer, restore
-from runner.checkpoint.checkpointer import tensors_are_finite
+from runner.checkpoint import MANIFEST, damage, find_resume, read_pointer
+from runner.checkpointer import Checkpointer, restore, tensors_are_finite
 from runner.checkpoint.files import Layout, block_digests, read_manifest
 from runner.config import CheckpointConfig, MonitorMode, TrainerConfig
 from runner.data.batches import TensorBatches
@@ -169,7 +169,7 @@ def _two_ranks_one_poisoned(run_dir: str) -> dict:
     step 2 (each rank checks only its own tensors; one all-reduce makes the verdict theirs)."""
     from pathlib import Path
 
-    from runner.dist import DistInfo, destroy_process_group, init_process_group
+    from runner.distributed.dist import DistInfo, destroy_process_group, init_process_group
 
     torch.set_num_threads(1)
     info = DistInfo.from_env()

@@ -12,7 +12,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from runner.cli import CONFIG_DIR, freeze
-from runner.config import HardwareKind, PrecisionKind, RunConfig, plain, register_configs
+from runner.config import HardwareKind, PrecisionKind, RunConfig, plain
+from runner.resolvers import register_configs
 
 register_configs()
 
@@ -146,7 +147,7 @@ def _compose_as_a_run(*overrides: str):
 
 def test_scheduler_none_on_the_default_recipe_is_a_constant_rate_and_the_log_names_the_dropped_keys(caplog):
     from runner.checks import check
-    from runner.devices import resolve_hardware
+    from runner.distributed.devices import resolve_hardware
 
     with caplog.at_level(logging.INFO, logger="runner"):
         config = freeze(_compose_as_a_run("scheduler=none"), Path("/tmp/run")).config

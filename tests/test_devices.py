@@ -11,9 +11,9 @@ import types
 import pytest
 import torch
 
-from runner import devices
+from runner.distributed import devices
 from runner.config import HardwareConfig, HardwareKind
-from runner.devices import parse_gpu_ids, resolve_hardware
+from runner.distributed.devices import parse_gpu_ids, resolve_hardware
 from runner.errors import HardwareError
 
 from conftest import TINY
@@ -66,7 +66,7 @@ def test_one_resolved_description_of_the_hardware(four_gpus):
 
 def test_apply_exports_the_selection(four_gpus):
     _resolve(HardwareKind.gpu, "2").apply()
-    from runner.dist import cuda_visible_devices
+    from runner.distributed.dist import cuda_visible_devices
 
     assert cuda_visible_devices() == "2"
 
@@ -74,7 +74,7 @@ def test_apply_exports_the_selection(four_gpus):
 def test_apply_changes_nothing_when_the_selection_has_problems(four_gpus):
     hardware = _resolve(HardwareKind.gpu, [9])
     hardware.apply()
-    from runner.dist import cuda_visible_devices
+    from runner.distributed.dist import cuda_visible_devices
 
     assert hardware.problems and cuda_visible_devices() is None
 
@@ -133,7 +133,7 @@ def test_under_torchrun_num_processes_is_ignored_with_a_log_line(monkeypatch, ca
     # torchrun on 2 nodes, one process each, with hardware=multi_cpu (whose file sets num_processes: 2).
     for name, value in {"RANK": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1"}.items():
         monkeypatch.setenv(name, value)
-    with caplog.at_level("INFO", logger="runner.devices"):
+    with caplog.at_level("INFO", logger="runner.distributed.devices"):
         hardware = _resolve(HardwareKind.multi_cpu, processes=2)
     assert hardware.problems == ()
     assert (hardware.processes_per_machine, hardware.num_machines) == (1, 2)
@@ -150,7 +150,7 @@ def test_a_cpu_only_torch_build_counts_no_gpus(monkeypatch):
 def test_auto_means_gpu_when_cuda_is_present_and_says_which(monkeypatch, caplog):
     monkeypatch.setattr(devices, "cuda_present", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    caplog.set_level("INFO", logger="runner.devices")
+    caplog.set_level("INFO", logger="runner.distributed.devices")
     hardware = _resolve(HardwareKind.auto)
     assert hardware.kind is HardwareKind.gpu and hardware.device(1) == torch.device("cuda", 1)
     assert "hardware=auto: CUDA is present, using the GPU" in caplog.text
@@ -256,7 +256,7 @@ def test_hardware_tpu_runs_the_whole_worker_through_torch_xla_calls(cli, tmp_pat
 
 def test_start_method_auto_forks_cpu_workers_on_linux_and_spawns_for_cuda(monkeypatch):
     from runner.config import HardwareConfig, HardwareKind, StartMethod
-    from runner.devices import _start_method, resolve_hardware
+    from runner.distributed.devices import _start_method, resolve_hardware
 
     assert resolve_hardware(HardwareConfig(kind=HardwareKind.multi_cpu)).start_method is (
         StartMethod.fork if sys.platform.startswith("linux") else StartMethod.spawn)

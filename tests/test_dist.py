@@ -1,4 +1,4 @@
-"""runner.dist and the distributed sharding of batch sources: env reading, threads, the config consistency check
+"""runner.distributed.dist and the distributed sharding of batch sources: env reading, threads, the config consistency check
 and main-first ordering on 2 real gloo processes, and "each sample once per epoch across ranks"."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from runner.data.batches import TensorBatches
-from runner.dist import DistInfo, config_digest, config_mismatch, threads_per_process
+from runner.distributed.dist import DistInfo, config_digest, config_mismatch, threads_per_process
 
 import dist_helpers
 
@@ -108,8 +108,8 @@ def test_evaluation_shards_are_exact_and_unpadded():
 def test_torchrun_ranks_agree_on_a_run_id_and_get_their_own_log_name(monkeypatch):
     from omegaconf import OmegaConf
 
-    from runner.config import register_configs
-    from runner.dist import external_run_id
+    from runner.resolvers import register_configs
+    from runner.distributed.dist import external_run_id
 
     register_configs()
     names = OmegaConf.create({"dir": "${runner.launcher_run_id:fallback}", "log": "runner${runner.rank_suffix:}"})

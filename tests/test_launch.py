@@ -12,8 +12,8 @@ from runner.checks import launch_problems
 from runner.config import HardwareConfig, HardwareKind, RunConfig, RunSpec, StartMethod
 from runner.errors import ConfigError, DataError
 from runner.failures import PeerLost, RankFailed, RootCause, mark_step, root_cause, worker_failure
-from runner.devices import resolve_hardware
-from runner.dist import started_by_external_launcher
+from runner.distributed.devices import resolve_hardware
+from runner.distributed.dist import started_by_external_launcher
 from runner.agent import launch_config, leave_loky_start_method, omp_threads_for_workers
 
 

@@ -74,7 +74,7 @@ def test_runner_plan_prints_the_figures_without_building_data(capsys, monkeypatc
     def refuse(*args, **kwargs):
         raise AssertionError("runner plan built the data")
 
-    monkeypatch.setattr("runner.build.build_data", refuse)  # a fact, not a stopwatch: no data is built at all
+    monkeypatch.setattr("runner.config.instantiate.build_data", refuse)  # a fact, not a stopwatch: no data is built at all
     text = describe_run(spec)
     lines = text.splitlines()
     assert lines[0] == "plan: parallel fsdp on 2 cpu process(es), precision bf16"

@@ -73,7 +73,7 @@ def project(tmp_path) -> Path:
 
 
 def test_the_wheel_ships_the_configs_and_the_console_script_runs_a_user_project(installed, project):
-    where = subprocess.run([sys.executable, "-S", "-c", "import runner.paths as p; print(p.config_dir())"],
+    where = subprocess.run([sys.executable, "-S", "-c", "import runner.config.search_path as p; print(p.config_dir())"],
                            env=_isolated(installed), capture_output=True, text=True, cwd=project)
     assert where.stdout.strip() == str(installed / "runner" / "conf")
     listed = _in_project(installed, project, "recipes", "list")

@@ -20,7 +20,7 @@ from hydra import compose, initialize_config_dir
 import matrix_data
 from runner import validate as validate_module
 from runner.cli import CONFIG_DIR, TARGET_GROUPS, apply_group_swaps, freeze, with_recipe
-from runner.devices import resolve_hardware
+from runner.distributed.devices import resolve_hardware
 from runner.errors import RunnerError
 
 GROUPS = ("hardware", "parallel", "precision", "model", "optimizer", "scheduler", "data", "task", "tokenizer")

@@ -9,7 +9,7 @@ import signal
 import pytest
 
 from runner.errors import Preempted
-from runner.signals import StopSignals, stop_during_startup
+from runner.distributed.signals import StopSignals, stop_during_startup
 
 import dist_helpers
 from test_dist import _launch_two
@@ -26,7 +26,7 @@ def test_stop_signals_record_the_configured_signal_only():
 
 
 def test_under_submitit_sigusr2_its_requeue_signal_also_stops_the_run(monkeypatch):
-    from runner.signals import stop_signals
+    from runner.distributed.signals import stop_signals
 
     monkeypatch.delenv("SUBMITIT_EXECUTOR", raising=False)
     monkeypatch.delenv("SUBMITIT_LOCAL_JOB_ID", raising=False)

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from runner import slurm
 from runner.cli import CONFIG_DIR
-from runner.config import register_configs
+from runner.resolvers import register_configs
 from runner.errors import LaunchError
 from runner.sweep import check_slurm_request
 

@@ -20,7 +20,7 @@ from hydra.plugins.search_path_plugin import SearchPathPlugin
 
 from hydra._internal.core_plugins.file_config_source import FileConfigSource
 
-from runner.paths import config_home, user_recipe_dirs
+from runner.config.search_path import config_home, user_recipe_dirs
 
 GROUP = "recipe"
 

@@ -1,24 +1,15 @@
-"""Checkpoints you can trust: atomic writes with a verified manifest, exact resume, retention and export.
+"""Layer 3, checkpoints you can trust on disk: atomic writes with a verified manifest, sealing, finding the newest
+intact one and the resume point. No training knowledge: what goes into a checkpoint and which are kept is the
+loop's checkpointer (runner/checkpointer.py), the Accelerator's save_state is runner/accelerator_state.py.
 
-`files` owns the on-disk format, `checkpointer` what goes in and what is kept, `resume` which one to load,
-`rng` the random generators' state.
+`files` owns the on-disk format, `sharded` and `safe_dcp` the DCP layout, `resume` which one to load, `rng` the
+random generators' state, `model_dir` and `hf_export` the exported model folders.
 """
 
-from runner.checkpoint.checkpointer import (
-    CONFIG_FILE,
-    EXPORT_DIR,
-    MODEL_FILE,
-    STATE_FILE,
-    Checkpointer,
-    apply_rng,
-    config_hash,
-    restore,
-)
 from runner.checkpoint.files import LATEST, MANIFEST, complete_checkpoints, damage, newest_complete_step, read_pointer
 from runner.checkpoint.resume import AUTO, find_resume, refuse_another_world_size
 
 __all__ = [
-    "AUTO", "CONFIG_FILE", "EXPORT_DIR", "LATEST", "MANIFEST", "MODEL_FILE", "STATE_FILE", "Checkpointer",
-    "apply_rng", "complete_checkpoints", "config_hash", "damage", "find_resume", "newest_complete_step", "read_pointer",
-    "refuse_another_world_size", "restore",
+    "AUTO", "LATEST", "MANIFEST", "complete_checkpoints", "damage", "find_resume", "newest_complete_step",
+    "read_pointer", "refuse_another_world_size",
 ]

@@ -33,6 +33,7 @@ from typing import Callable
 from safetensors import SafetensorError
 
 from runner.errors import write_error
+from runner.ground import write_text_atomically
 
 # What a checkpoint writer raises when a file cannot be written: torch.save raises RuntimeError and safetensors its
 # own SafetensorError (neither an OSError) on a full disk.
@@ -80,12 +81,6 @@ def start_partial(directory: Path, name: str) -> Path:
     return partial
 
 
-def write_checkpoint(directory: Path, name: str, writers: dict[str, Callable[[Path], None]], manifest: dict) -> Path:
-    """Write one checkpoint atomically: `write_files`, then `seal`."""
-    write_files(directory, name, writers)
-    return seal(directory, name, manifest)
-
-
 def write_files(directory: Path, name: str, writers: dict[str, Callable[[Path], None]], fresh: bool = True) -> None:
     """Each `writers[file](path)` writes one file into `.partial-<name>/` (`fresh`: a new one; else the one
     `start_partial` made, which the ranks' shards are in already): the part that must finish before training
@@ -108,8 +103,9 @@ def seal(directory: Path, name: str, manifest: dict, pointer: bool = True) -> Pa
     partial = directory / f"{PARTIAL_PREFIX}{name}"
     try:
         files = _hash_and_flush(sorted(path for path in partial.iterdir()))
-        write_text_durably(partial / MANIFEST, json.dumps({"format": FORMAT_VERSION, **manifest, "files": files},
-                                                           indent=1))
+        manifest_path = partial / MANIFEST  # in place: the directory itself is renamed into place
+        write_text_atomically(manifest_path, json.dumps({"format": FORMAT_VERSION, **manifest, "files": files},
+                                                        indent=1), temporary=manifest_path)
         fsync_path(partial)
         _replace_dir(partial, final)
         fsync_path(directory)
@@ -149,22 +145,7 @@ def _replace_dir(partial: Path, final: Path) -> None:
 
 
 def write_pointer(directory: Path, name: str) -> None:
-    write_text_durably(directory / LATEST, name, temporary=directory / f"{PARTIAL_PREFIX}{LATEST}")
-
-
-def write_text_durably(path: Path, text: str, temporary: Path | None = None) -> None:
-    temporary = temporary or path
-    try:
-        with open(temporary, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        if temporary != path:
-            os.replace(temporary, path)
-    except OSError:
-        if temporary != path:
-            temporary.unlink(missing_ok=True)
-        raise
+    write_text_atomically(directory / LATEST, name, temporary=directory / f"{PARTIAL_PREFIX}{LATEST}")
 
 
 def _write_failure(final: Path, err: Exception):

@@ -22,6 +22,7 @@ import torch
 
 from runner.checkpoint import files
 from runner.errors import ConfigError, Problem, write_error
+from runner.ground import write_text_atomically
 
 WEIGHTS_PATTERN = "model{suffix}.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -58,8 +59,8 @@ def save_weights(weights: dict[str, torch.Tensor], split, directory: Path) -> No
             os.replace(temporary, directory / name)
         if split.is_sharded:  # last: until it moves, an earlier save's index names only its own shards
             index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
-            files.write_text_durably(directory / INDEX_FILE, json.dumps(index, indent=2),
-                                     temporary=directory / f"{files.PARTIAL_PREFIX}{INDEX_FILE}")
+            write_text_atomically(directory / INDEX_FILE, json.dumps(index, indent=2),
+                                  temporary=directory / f"{files.PARTIAL_PREFIX}{INDEX_FILE}")
     except files.WRITE_ERRORS as err:
         failure = write_error(err, directory, "the model's weights")
         for temporary in shards.values():

@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 from runner.checkpoint import files, safe_dcp
-from runner.dist import barrier
-from runner.errors import CheckpointError, write_error
+from runner.distributed.dist import barrier
+from runner.errors import CheckpointError, first_line, write_error
 
 
 def model_state(model: nn.Module) -> dict:
@@ -113,5 +113,4 @@ def _root_cause(err: BaseException) -> BaseException:
 
 
 def _first_line(err: BaseException) -> str:
-    lines = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {lines[0] if lines else ''}"
+    return f"{type(err).__name__}: {first_line(err)}"

@@ -73,7 +73,7 @@ def test_gpu_ids_is_applied_before_cuda_initialises_in_this_process():
     code = (
         "import torch\n"
         "from runner.config import HardwareConfig, HardwareKind\n"
-        "from runner.devices import resolve_hardware\n"
+        "from runner.distributed.devices import resolve_hardware\n"
         f"hardware = resolve_hardware(HardwareConfig(kind=HardwareKind.gpu), [{last}])\n"
         "hardware.apply()\n"
         "assert hardware.problems == (), hardware.problems\n"

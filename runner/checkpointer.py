@@ -4,6 +4,9 @@ The loop hands over plain state dicts and its position; every process calls `sav
 are gathered), the writing process (rank 0) writes once, and all wait at a barrier so no rank runs ahead of a
 checkpoint that is still being written. In the `dcp` layout (a sharded model) every rank also writes its shards of
 the weights and optimizer state, and an export gathers the whole weights on rank 0 (runner/checkpoint/sharded.py).
+
+The loop's side of checkpoints (layer 6, training/, in DESIGN.md; flat here until that package exists): monitor,
+keep-best and exports are training knowledge, so runner/checkpoint/ below it keeps only the on-disk discipline.
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ from runner.checkpoint.hf_export import export_pretrained
 from runner.checkpoint.resume import refuse_another_world_size
 from runner.checkpoint.rng import capture_rng, restore_rng
 from runner.config import CheckpointConfig, MonitorMode
-from runner.dist import all_gather_object, all_reduce, barrier, broadcast_object
+from runner.distributed.dist import all_gather_object, all_reduce, barrier, broadcast_object
 from runner.errors import CheckpointError, NonFiniteLoss, ResumeRefused, write_error
+from runner.ground import better, flatten
 from runner.parallel import is_sharded
 from runner.prepared import unwrap_optimizer
 
@@ -66,7 +70,8 @@ class Checkpointer:
         self.export_dir = run_dir / EXPORT_DIR
         self.settings = settings
         self.writer = writer and settings.enabled
-        self.monitor, self.maximize = monitor, MonitorMode(monitor_mode) is MonitorMode.max
+        self.monitor, self.mode = monitor, MonitorMode(monitor_mode)
+        self.maximize = self.mode is MonitorMode.max
         self.world_size = world_size
         self.resolved = resolved
         self.layout = Layout(layout)
@@ -203,7 +208,7 @@ class Checkpointer:
 
     def _track_best(self, step: int, value: float | None) -> bool:
         improved = value is not None and math.isfinite(value) and (
-            self.best is None or (value > self.best["value"] if self.maximize else value < self.best["value"]))
+            self.best is None or better(value, self.best["value"], self.mode))
         if improved:
             self.best = {"step": step, "value": value}
         return improved
@@ -437,19 +442,10 @@ def _warn_config_changes(path: Path, resolved: dict) -> None:
         saved = read_config(path / CONFIG_FILE)
     except OSError:
         saved = {}
-    before, now = _flatten(saved or {}), _flatten(resolved)
+    before, now = flatten(saved or {}), flatten(resolved)
     changed = sorted(key for key in before.keys() | now.keys() if key != "resume" and before.get(key) != now.get(key))
     log.warning("resume: the config differs from the one that wrote %s (%s); the run continues with the new "
                 "values and is no longer an exact continuation", path, ", ".join(changed) or "formatting only")
-
-
-def _flatten(tree, prefix: str = "") -> dict:
-    if not isinstance(tree, dict):
-        return {prefix.rstrip("."): tree}
-    flat = {}
-    for key, value in tree.items():
-        flat.update(_flatten(value, f"{prefix}{key}."))
-    return flat
 
 
 def apply_rng(state: dict) -> None:

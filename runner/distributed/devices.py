@@ -2,7 +2,7 @@
 
 The parent resolves it once (`resolve_hardware`) and everything below reads the result: the checks, the launcher,
 the workers and the Accelerator. Nothing else interprets a hardware kind; a new kind is an Enum value in
-runner/config.py, a YAML file in conf/hardware/ and one row of KINDS below.
+runner/config/schema.py, a YAML file in conf/hardware/ and one row of KINDS below.
 
 `gpu_ids` works through CUDA_VISIBLE_DEVICES, which CUDA reads once, when it initialises. So the GPUs are chosen
 from the environment and NVML alone (never initialising CUDA) and exported (`Hardware.apply`) before any
@@ -11,6 +11,7 @@ from the environment and NVML alone (never initialising CUDA) and exported (`Har
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import sys
@@ -18,11 +19,26 @@ from dataclasses import dataclass, field
 
 import torch
 
-from runner import dist
+from runner.distributed import dist
 from runner.config import HardwareConfig, HardwareKind, StartMethod
 from runner.errors import HardwareError, Problem
 
 log = logging.getLogger(__name__)
+
+INSTALL_HINT = (
+    "install the torch_xla build that matches your torch (pip install 'torch_xla[tpu]==<your torch version>'; "
+    "note: none exists for torch 2.13 yet, the newest is 2.9), or use hardware=cpu, hardware=gpu or hardware=auto"
+)
+
+
+def xla_problem() -> str | None:
+    """Why torch_xla cannot be used here, or None when it imports."""
+    try:
+        importlib.import_module("torch_xla")
+    except ImportError as err:
+        reason = "is not installed" if getattr(err, "name", None) == "torch_xla" else f"fails to import ({err})"
+        return f"tpu needs torch_xla, which {reason}; {INSTALL_HINT}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -322,8 +338,6 @@ def _presence_problems(hardware: Hardware, settings: HardwareConfig) -> list[Pro
             )
         ]
     if hardware.device_type == "xla":
-        from runner.xla import xla_problem
-
         problem = xla_problem()
         problems = [Problem("hardware", problem)] if problem else []
         if hardware.processes_per_machine > 1:

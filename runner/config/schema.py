@@ -1,4 +1,4 @@
-"""The config schema: the single source of defaults, registered with Hydra's ConfigStore.
+"""The config schema: the single source of defaults (registered with Hydra's ConfigStore by runner/resolvers.py).
 
 Hydra composes `conf/config.yaml` on top of `RunConfig`, so a misspelled key or a bad Enum value fails at
 composition with its full key and the valid values. Below the CLI, code sees only these dataclasses (frozen with
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
-from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 
@@ -302,77 +301,6 @@ class RunConfig:
     """Module prefixes a `_target_` may come from; add your own package (e.g. "mylab.") to use its classes."""
 
 
-def register_configs() -> None:
-    """Register the schema so `conf/config.yaml` can list `runner_schema` first in its defaults, and the
-    resolvers: `runner_direction` (the search configs optimize in the direction of `trainer.monitor_mode`), the
-    two that give all torchrun ranks one run dir and each its own Hydra log file, and `runner.in_run_dir`.
-    Hydra and OmegaConf are imported here, not with the module: `from runner import Accelerator` needs neither."""
-    from hydra.core.config_store import ConfigStore
-    from omegaconf import OmegaConf
-
-    ConfigStore.instance().store(name="runner_schema", node=RunConfig)
-    if not OmegaConf.has_resolver("runner_direction"):
-        OmegaConf.register_new_resolver("runner_direction", optuna_direction)
-    if not OmegaConf.has_resolver("runner.rank_suffix"):
-        OmegaConf.register_new_resolver("runner.rank_suffix", _rank_suffix)
-    if not OmegaConf.has_resolver("runner.launcher_run_id"):
-        OmegaConf.register_new_resolver("runner.launcher_run_id", _launcher_run_id)
-    if not OmegaConf.has_resolver("runner.in_run_dir"):
-        OmegaConf.register_new_resolver("runner.in_run_dir", _in_run_dir)
-    if not OmegaConf.has_resolver("runner.dir_suffix"):
-        OmegaConf.register_new_resolver("runner.dir_suffix", dir_suffix)
-    if not OmegaConf.has_resolver("runner.slurm_request"):
-        OmegaConf.register_new_resolver("runner.slurm_request", _slurm_request)
-
-
-def _slurm_request(what: str, kind: Any, num_processes: Any, threads_per_process: Any) -> Any:
-    """conf/hydra/launcher/slurm.yaml: a trial's CPUs, memory and GPUs from the hardware group (runner/slurm.py)."""
-    from runner.slurm import slurm_request
-
-    return slurm_request(what, kind, num_processes, threads_per_process)
-
-
-def optuna_direction(mode: MonitorMode | str) -> str:
-    """`${runner_direction:${trainer.monitor_mode}}` -> maximize / minimize, as Optuna's sweeper spells them."""
-    return "maximize" if MonitorMode(mode) == MonitorMode.max else "minimize"
-
-
-def _launcher_run_id(default: str) -> str:
-    """The id every rank of one torchrun launch shares (so they agree on one run dir), else `default`."""
-    from runner.dist import external_run_id
-
-    return external_run_id() or default
-
-
-def _in_run_dir(name: str) -> Optional[str]:
-    """`${runner.in_run_dir:tokenizer}` -> "<this run's dir>/tokenizer" (where a data factory saves what the run
-    needs later, e.g. its trained tokenizer); None where no Hydra run is going on (a config composed in a test)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    try:
-        output_dir = HydraConfig.get().runtime.output_dir
-    except Exception:  # HydraConfig not set, or runtime.output_dir missing: not inside a run
-        return None
-    return str(Path(output_dir).resolve() / name)
-
-
-def dir_suffix(name: Optional[str]) -> str:
-    """`${runner.dir_suffix:${logging.name}}` -> "_<name>" made safe as one path component, "" without a name."""
-    import re
-
-    if not name:
-        return ""
-    return "_" + re.sub(r"[^A-Za-z0-9._=+-]+", "-", str(name)).strip("-.")[:80]
-
-
-def _rank_suffix() -> str:
-    """"_rank<N>" in a process started by torchrun (or SLURM via torchrun), "" otherwise."""
-    from runner.dist import external_rank
-
-    rank = external_rank()
-    return "" if rank is None else f"_rank{rank}"
-
-
 def plain(config: Any) -> Any:
     """A config (or part of one) as plain dicts, lists and scalars, Enums as their values: what config.yaml,
     checkpoints and TensorBoard record. Derived where it is written, from the one typed config."""
@@ -396,145 +324,8 @@ class RunSpec:
     config: RunConfig
     run_dir: str
     hardware: Any = None
-    """runner.devices.Hardware: where the run executes (None until the parent resolved it)."""
+    """runner.distributed.devices.Hardware: where the run executes (None until the parent resolved it)."""
     batch: Any = None
     """runner.plan.BatchPlan: the global batch, its share per device and the accumulation."""
     resume_from: Optional[str] = None
     """The verified checkpoint `resume` resolved to in the parent (None: start from scratch)."""
-
-
-# A group swapped on the command line: the recipe's keys for it were written for the recipe's own choice.
-
-
-@dataclass(frozen=True)
-class GroupSwap:
-    """A config group the command line set to something other than what the recipe chose."""
-
-    group: str
-    recipe_choice: Optional[str]
-    chosen: Optional[str]
-    dropped: List[str]
-    """The recipe's keys under the group that were removed (or set back to the chosen option's own value)."""
-
-    def describe(self, recipe: str) -> str:
-        return (f"{self.group}={self.chosen} on the command line replaces the {self.recipe_choice} of recipe "
-                f"{recipe}: its {', '.join(self.dropped)} (written for {self.recipe_choice}) "
-                f"{'is' if len(self.dropped) == 1 else 'are'} dropped")
-
-
-def drop_swapped_group_keys(cfg: Any, choices: Dict[str, Any], overrides: List[str], config_dirs: List[str],
-                            config_name: str = "config") -> List[GroupSwap]:
-    """Remove from `cfg` (in place) the recipe's keys under each group the command line swapped.
-
-    A recipe written for the warmup_cosine schedule sets scheduler.warmup_steps; `scheduler=none` asks for a
-    constant learning rate, and that key would be left over on a null node, meaning nothing. The same holds for
-    any group: keys the recipe set for its own choice are dropped, those the chosen option sets itself come back
-    to its value, and keys set on the command line (scheduler.warmup_steps=5) are kept."""
-    from omegaconf import open_dict
-
-    recipe = choices.get("recipe")
-    recipe_file = _find_config(config_dirs, "recipe", recipe)
-    if recipe_file is None:
-        return []
-    recipe_body, recipe_choices = _read_config(recipe_file)
-    primary = _find_config(config_dirs, None, config_name)
-    default_choices = _read_config(primary)[1] if primary else {}
-    swaps = []
-    for group in _groups_chosen_on_command_line(overrides):
-        recipe_choice = recipe_choices.get(group, default_choices.get(group))
-        chosen = choices.get(group)
-        recipe_node = recipe_body.get(group)
-        if chosen == recipe_choice or not isinstance(recipe_node, dict):
-            continue
-        node = cfg.get(group)
-        if node is None or not hasattr(node, "keys"):
-            continue
-        own_node = _group_node(config_dirs, group, chosen)
-        dropped = []
-        with open_dict(cfg):
-            for key in recipe_node:
-                if _set_on_command_line(f"{group}.{key}", overrides) or key not in node:
-                    continue
-                if isinstance(own_node, dict) and key in own_node:
-                    node[key] = own_node[key]
-                else:
-                    del node[key]
-                dropped.append(f"{group}.{key}")
-            if own_node is None and len(node) == 0:
-                cfg[group] = None
-        if dropped:
-            swaps.append(GroupSwap(group, recipe_choice, chosen, dropped))
-    return swaps
-
-
-def _groups_chosen_on_command_line(overrides: List[str]) -> List[str]:
-    """`scheduler=none`, `+model=mine`: a group name (no dots) on the left of `=`."""
-    groups = []
-    for item in overrides:
-        key, equals, _ = item.partition("=")
-        key = key.lstrip("+~")
-        if equals and key and "." not in key and "@" not in key and "/" not in key and key not in groups:
-            groups.append(key)
-    return groups
-
-
-def _set_on_command_line(key: str, overrides: List[str]) -> bool:
-    for item in overrides:
-        name = item.partition("=")[0].lstrip("+~")
-        if name == key or name.startswith(key + ".") or name.startswith(key + "["):
-            return True
-    return False
-
-
-def _find_config(config_dirs: List[str], group: Optional[str], name: Optional[str]) -> Optional[Path]:
-    """The first file on Hydra's search path for `group/name.yaml` (as Hydra picks it)."""
-    if not name:
-        return None
-    for folder in config_dirs:
-        path = Path(folder) / (group or "") / f"{name}.yaml"
-        if path.is_file():
-            return path
-    return None
-
-
-def _read_config(path: Path) -> tuple:
-    """(the file's body without its defaults, {group: option} from its defaults list)."""
-    import yaml
-
-    try:
-        body = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError):
-        return {}, {}
-    if not isinstance(body, dict):
-        return {}, {}
-    chosen = {}
-    for entry in body.pop("defaults", None) or []:
-        if isinstance(entry, dict):
-            for name, option in entry.items():
-                name = str(name).replace("override ", "").replace("optional ", "").strip().lstrip("/")
-                if "@" not in name:
-                    chosen[name] = None if option is None else str(option)
-    return body, chosen
-
-
-def _group_node(config_dirs: List[str], group: str, option: Optional[str]) -> Any:
-    """What the option's file puts under the group's key (None for a file that sets it to null, or no file)."""
-    path = _find_config(config_dirs, group, option)
-    if path is None:
-        return None
-    body, _ = _read_config(path)
-    first_line = path.read_text(encoding="utf-8").split("\n", 1)[0]
-    return body.get(group) if "@package _global_" in first_line else body
-
-
-def group_default_origin(key: str, target: Any, choices: Dict[str, Any], config_dirs: List[str]) -> Optional[Path]:
-    """The group option's file that put `key` (model.vocab_size) into a node whose `_target_` is no longer that
-    file's own: a recipe that sets model._target_ to the user's class without `override /model: null` keeps the
-    default option's keys under it."""
-    group, _, rest = key.partition(".")
-    name = rest.split(".")[0].split("[")[0]
-    option = choices.get(group)
-    node = _group_node(config_dirs, group, option)
-    if isinstance(node, dict) and name in node and node.get("_target_") != target:
-        return _find_config(config_dirs, group, option)
-    return None

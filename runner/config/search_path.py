@@ -14,7 +14,7 @@ RECIPE_PATH_VARIABLE = "RUNNER_RECIPE_PATH"  # more recipe folders, separated li
 def config_dir() -> Path:
     """The runner's configs: inside the installed package (a wheel ships them as runner/conf), or the checkout's
     top-level conf/ (an editable install or a source tree)."""
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]  # runner/
     installed = package / "conf"
     return installed if (installed / "config.yaml").is_file() else package.parent / "conf"
 

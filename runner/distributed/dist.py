@@ -17,6 +17,8 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as torch_dist
 
+from runner.ground import flatten
+
 # Keys that legitimately differ between machines of one run, left out of the consistency hash.
 MACHINE_LOCAL_KEYS = (("hardware", "machine_rank"),)
 
@@ -303,15 +305,6 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     return box[0]
 
 
-def scatter_object(pieces: list[Any] | None, src: int = 0) -> Any:
-    """Rank `src` hands piece i of `pieces` (one per rank, picklable) to rank i; the others pass None."""
-    if single_process():
-        return pieces[0]
-    received: list[Any] = [None]
-    torch_dist.scatter_object_list(received, pieces if torch_dist.get_rank() == src else None, src=src)
-    return received[0]
-
-
 @contextmanager
 def local_main_first(info: DistInfo) -> Iterator[None]:
     """Run the body on each machine's local rank 0 first, then on the others: a dataset is generated and cached
@@ -350,17 +343,9 @@ def config_mismatch(resolved: dict) -> str | None:
 def _canonical(resolved: dict) -> str:
     """The config as sorted `dotted.key = value` lines (so a diff names the full key), minus per-machine keys."""
     skipped = {".".join(path) for path in MACHINE_LOCAL_KEYS}
-    lines = [f"{key} = {value}" for key, value in _flatten(json.loads(json.dumps(resolved, default=str)))
+    lines = [f"{key} = {json.dumps(value)}" for key, value in flatten(json.loads(json.dumps(resolved, default=str)), empty_as_leaf=True).items()
              if key not in skipped]
     return "\n".join(sorted(lines))
-
-
-def _flatten(node: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
-    if isinstance(node, dict) and node:
-        for key, value in node.items():
-            yield from _flatten(value, f"{prefix}{key}.")
-    else:
-        yield prefix.rstrip("."), json.dumps(node)
 
 
 def threads_per_process(info: DistInfo, requested: int | None) -> int:

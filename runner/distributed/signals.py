@@ -77,7 +77,7 @@ class StopSignals:
         self._pending = None
         self._flag = None
         if distributed and self.signals:
-            from runner.dist import new_cpu_group
+            from runner.distributed.dist import new_cpu_group
 
             self._group = new_cpu_group()
 

@@ -15,7 +15,7 @@ import hydra.utils
 from hydra.errors import InstantiationException
 from torch import nn
 
-from runner.errors import ConfigError, Problem, RunnerError
+from runner.errors import ConfigError, Problem, RunnerError, first_line
 
 REQUIRED_TARGETS = ("model", "optimizer", "data", "task")
 OPTIONAL_TARGETS = ("scheduler",)
@@ -201,5 +201,7 @@ def build_task(node: dict[str, Any]):
 
 
 def _first_line(err: BaseException) -> str:
-    text = str(err).strip() or type(err).__name__
-    return text.splitlines()[0] if "full_key" not in text else text.split("\nfull_key")[0].replace("\n", " ")
+    text = str(err).strip()
+    if "full_key" in text:  # Hydra's message: what went wrong, then "full_key: ..."; keep the first part whole
+        return text.split("\nfull_key")[0].replace("\n", " ")
+    return first_line(err) or type(err).__name__

@@ -9,6 +9,9 @@ place, so it is there whole or not at all and verified before it is loaded.
 
 Under FSDP (the `dcp` layout) each process writes its shards of every model and optimizer instead
 (`.metadata`, `__<rank>_0.distcp`; state.pt then has no optimizers), loadable on another number of processes.
+
+Part of the Accelerator (layer 4, accelerate/, in DESIGN.md; flat here until that package exists): it reads the
+prepared objects, which runner/checkpoint/ below it must not know.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from torch import nn
 from runner.checkpoint import files, sharded
 from runner.checkpoint.files import Layout
 from runner.checkpoint.rng import capture_rng, restore_rng
-from runner.dist import all_gather_object, barrier
+from runner.distributed.dist import all_gather_object, barrier
 from runner.errors import CheckpointError
 from runner.parallel import is_sharded
 from runner.prepared import unwrap_optimizer

@@ -1,0 +1,82 @@
+"""The schema's registration with Hydra's ConfigStore and the runner's OmegaConf resolvers.
+
+Unlayered for now (tests/test_layers.py): two resolvers read the launcher's environment (runner.distributed) and
+one asks runner.slurm, so this belongs with composing a run (run/, DESIGN.md), not in config/ below them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+from runner.config import MonitorMode, RunConfig
+
+
+def register_configs() -> None:
+    """Register the schema so `conf/config.yaml` can list `runner_schema` first in its defaults, and the
+    resolvers: `runner_direction` (the search configs optimize in the direction of `trainer.monitor_mode`), the
+    two that give all torchrun ranks one run dir and each its own Hydra log file, and `runner.in_run_dir`.
+    Hydra and OmegaConf are imported here, not with the module: `from runner import Accelerator` needs neither."""
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    ConfigStore.instance().store(name="runner_schema", node=RunConfig)
+    if not OmegaConf.has_resolver("runner_direction"):
+        OmegaConf.register_new_resolver("runner_direction", optuna_direction)
+    if not OmegaConf.has_resolver("runner.rank_suffix"):
+        OmegaConf.register_new_resolver("runner.rank_suffix", _rank_suffix)
+    if not OmegaConf.has_resolver("runner.launcher_run_id"):
+        OmegaConf.register_new_resolver("runner.launcher_run_id", _launcher_run_id)
+    if not OmegaConf.has_resolver("runner.in_run_dir"):
+        OmegaConf.register_new_resolver("runner.in_run_dir", _in_run_dir)
+    if not OmegaConf.has_resolver("runner.dir_suffix"):
+        OmegaConf.register_new_resolver("runner.dir_suffix", dir_suffix)
+    if not OmegaConf.has_resolver("runner.slurm_request"):
+        OmegaConf.register_new_resolver("runner.slurm_request", _slurm_request)
+
+
+def _slurm_request(what: str, kind: Any, num_processes: Any, threads_per_process: Any) -> Any:
+    """conf/hydra/launcher/slurm.yaml: a trial's CPUs, memory and GPUs from the hardware group (runner/slurm.py)."""
+    from runner.slurm import slurm_request
+
+    return slurm_request(what, kind, num_processes, threads_per_process)
+
+
+def optuna_direction(mode: MonitorMode | str) -> str:
+    """`${runner_direction:${trainer.monitor_mode}}` -> maximize / minimize, as Optuna's sweeper spells them."""
+    return "maximize" if MonitorMode(mode) == MonitorMode.max else "minimize"
+
+
+def _launcher_run_id(default: str) -> str:
+    """The id every rank of one torchrun launch shares (so they agree on one run dir), else `default`."""
+    from runner.distributed.dist import external_run_id
+
+    return external_run_id() or default
+
+
+def _in_run_dir(name: str) -> Optional[str]:
+    """`${runner.in_run_dir:tokenizer}` -> "<this run's dir>/tokenizer" (where a data factory saves what the run
+    needs later, e.g. its trained tokenizer); None where no Hydra run is going on (a config composed in a test)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        output_dir = HydraConfig.get().runtime.output_dir
+    except Exception:  # HydraConfig not set, or runtime.output_dir missing: not inside a run
+        return None
+    return str(Path(output_dir).resolve() / name)
+
+
+def dir_suffix(name: Optional[str]) -> str:
+    """`${runner.dir_suffix:${logging.name}}` -> "_<name>" made safe as one path component, "" without a name."""
+    import re
+
+    if not name:
+        return ""
+    return "_" + re.sub(r"[^A-Za-z0-9._=+-]+", "-", str(name)).strip("-.")[:80]
+
+
+def _rank_suffix() -> str:
+    """"_rank<N>" in a process started by torchrun (or SLURM via torchrun), "" otherwise."""
+    from runner.distributed.dist import external_rank
+
+    rank = external_rank()
+    return "" if rank is None else f"_rank{rank}"
