@@ -12,30 +12,15 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from conftest import ROOT, TINY, CliResult, read_jsonl, read_scalars
-
-from runner.cli import main
+from conftest import ROOT, TINY, CliResult, read_jsonl, read_scalars, run_in_process
 
 
 @pytest.fixture
 def run(tmp_path, capsys):
-    """Call as run(*overrides) to run main() in a fresh working directory (or cwd=...), as `python -m runner` would
-    there: the working directory importable, what it printed and logged captured. A SystemExit's code becomes the
-    returncode, as it would be the process's exit status."""
+    """Call as run(*overrides) to run main() in a fresh working directory (or cwd=...)."""
 
     def call(*overrides: str, cwd: Path | None = None) -> CliResult:
-        cwd = Path(cwd or tmp_path)
-        code = 0
-        with pytest.MonkeyPatch.context() as patch:
-            patch.chdir(cwd)
-            patch.syspath_prepend(str(cwd))
-            capsys.readouterr()
-            try:
-                main(list(overrides))
-            except SystemExit as exit_:
-                code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-        printed = capsys.readouterr()
-        return CliResult(code, printed.out, printed.err, cwd)
+        return run_in_process(*overrides, cwd=cwd or tmp_path, capsys=capsys)
 
     return call
 
