@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, read_scalars, run_cli
+from conftest import ROOT, read_scalars, run_in_process
 
 DOCS = ROOT / "docs"
 README_LIMIT = 15_000
@@ -212,8 +212,9 @@ def test_block_runs(where, language, code, kind, option, tmp_path):
         assert _compose_recorded(recorded, tmp_path, env, where) == expected  # every such command was composed
 
 
-def test_the_recipe_runs_as_written_from_a_users_project(tmp_path):
-    """docs/recipes.md's own recipe, with a model and a table of the shapes it names."""
+def test_the_recipe_runs_as_written_from_a_users_project(tmp_path, capsys):
+    """docs/recipes.md's own recipe, with a model and a table of the shapes it names; run by runner.cli.main in this
+    process as `python -m runner` runs it in the user's project (its folder importable)."""
     pandas = pytest.importorskip("pandas")
     import numpy as np
 
@@ -230,7 +231,8 @@ def test_the_recipe_runs_as_written_from_a_users_project(tmp_path):
     table = pandas.DataFrame(features, columns=[f"f{i}" for i in range(16)])
     table["label"] = (features[:, :4].argmax(axis=1)).astype("int64")  # 4 classes
     table.to_parquet(tmp_path / "data" / "train.parquet")
-    result = run_cli("recipe=mine", "trainer.max_epochs=2", "trainer.progress_bar=false", cwd=tmp_path)
+    result = run_in_process("recipe=mine", "trainer.max_epochs=2", "trainer.progress_bar=false", cwd=tmp_path,
+                            capsys=capsys)
     assert result.returncode == 0, result.output
     evaluations = read_scalars(result.run_dir(), "val/accuracy")
     assert [step for step, _ in evaluations] == [3, 6]  # 320 training rows / 128 = 3 steps an epoch
