@@ -157,8 +157,9 @@ runner() {
 
 
 def _compose_recorded(folder: Path, cwd: Path, env: dict, where: str) -> int:
-    """Each recorded `--cfg job` command through runner.cli.main, in cwd with the block's environment, as the
-    process would have run it; a command that fails fails the test with its output. Returns how many ran."""
+    """Each recorded `--cfg job` command through runner.cli.main, in cwd with the environment the block started
+    with (no cfg block exports a variable of its own), as the process would have run it; a command that fails
+    fails the test with its output. Returns how many ran."""
     from hydra.core.global_hydra import GlobalHydra
 
     from runner.cli import main
