@@ -27,10 +27,10 @@ TINY = ("data.num_train=256", "data.num_validation=64", "trainer.batch_size=32",
 # does, so a slow file handed out last would leave the other worker idle for minutes. xdist's own order (most tests
 # first) is switched off in pyproject.toml (--no-loadscope-reorder) so that this one holds; every other file follows
 # in collection order.
-SLOW_FILES = ("test_multiprocess_cli.py", "test_resume.py", "test_benchmarks.py", "test_docs.py",
-              "test_recipe_matrix.py", "test_cli.py", "test_stop_in_eval.py", "test_faults.py", "test_sweep.py",
-              "test_launch_script.py", "test_parallel.py", "test_run_end.py", "test_accelerator.py",
-              "test_bad_input.py", "test_packaging.py")
+SLOW_FILES = ("test_multiprocess_cli.py", "test_resume.py", "test_benchmarks.py", "test_recipe_matrix.py",
+              "test_docs.py", "test_stop_in_eval.py", "test_faults.py", "test_sweep.py", "test_launch_script.py",
+              "test_parallel.py", "test_run_end.py", "test_cli.py", "test_accelerator.py", "test_bad_input.py",
+              "test_packaging.py")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -104,6 +104,32 @@ def run_cli(*overrides: str, cwd: Path, env: dict | None = None, timeout: float 
         timeout=timeout,
     )
     return CliResult(proc.returncode, proc.stdout, proc.stderr, Path(cwd))
+
+
+def run_in_process(*overrides: str, cwd: Path, capsys) -> CliResult:
+    """runner.cli.main(OVERRIDES) in this process, in cwd, as `python -m runner OVERRIDES` would run there (the
+    working directory importable), without the seconds a new process spends importing torch, Hydra and datasets.
+    What it printed and logged is captured by capsys; a SystemExit's code is the returncode, as it would be the
+    process's exit status. For what only a process shows (a signal, several ranks, start-up) use run_cli."""
+    from runner.cli import main
+
+    cwd = Path(cwd)
+    code = 0
+    before = set(sys.modules)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(cwd)
+        patch.syspath_prepend(str(cwd))
+        capsys.readouterr()
+        try:
+            main(list(overrides))
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        finally:  # the user's modules it imported from cwd: the next test's cwd has its own
+            for name in set(sys.modules) - before:
+                if str(getattr(sys.modules[name], "__file__", None) or "").startswith(str(cwd)):
+                    del sys.modules[name]
+    printed = capsys.readouterr()
+    return CliResult(code, printed.out, printed.err, cwd)
 
 
 @pytest.fixture

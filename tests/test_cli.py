@@ -1,17 +1,32 @@
-"""End-to-end: `python -m runner ...` in a subprocess, asserting on the run dir it leaves."""
+"""End-to-end: the CLI's main() with a command line's overrides, asserting on the run dir it leaves. Runs go
+through runner.cli.main in this process (what `python -m runner` calls after its stop-signal handler), which spares
+each case the seconds of importing torch, Hydra and datasets in a new process; what only a process shows is run as
+one: a run from another working directory by `python -m runner`, and the heap left to the OS at exit."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
 
-from conftest import ROOT, TINY, read_jsonl, read_scalars
+from conftest import ROOT, TINY, CliResult, read_jsonl, read_scalars, run_in_process
 
 
-def test_default_run_writes_a_complete_run_dir(cli):
-    result = cli(*TINY, "trainer.max_steps=6", "trainer.log_every_steps=2")
+@pytest.fixture
+def run(tmp_path, capsys):
+    """Call as run(*overrides) to run main() in a fresh working directory (or cwd=...)."""
+
+    def call(*overrides: str, cwd: Path | None = None) -> CliResult:
+        return run_in_process(*overrides, cwd=cwd or tmp_path, capsys=capsys)
+
+    return call
+
+
+def test_default_run_writes_a_complete_run_dir(run):
+    result = run(*TINY, "trainer.max_steps=6", "trainer.log_every_steps=2")
     assert result.returncode == 0, result.output
     run_dir = result.run_dir()
     assert run_dir.parent.parent == result.cwd / "outputs"
@@ -47,6 +62,7 @@ def test_default_run_writes_a_complete_run_dir(cli):
 
 
 def test_runs_from_any_working_directory(cli, tmp_path):
+    """A real `python -m runner` process, started elsewhere: the run dir lands under that directory."""
     elsewhere = tmp_path / "some" / "where"
     elsewhere.mkdir(parents=True)
     result = cli(*TINY, "trainer.max_steps=1", cwd=elsewhere)
@@ -54,9 +70,9 @@ def test_runs_from_any_working_directory(cli, tmp_path):
     assert result.run_dir().is_relative_to(elsewhere / "outputs")
 
 
-def test_two_runs_get_two_run_dirs(cli):
-    first = cli(*TINY, "trainer.max_steps=1")
-    second = cli(*TINY, "trainer.max_steps=1")
+def test_two_runs_get_two_run_dirs(run):
+    first = run(*TINY, "trainer.max_steps=1")
+    second = run(*TINY, "trainer.max_steps=1")
     assert first.returncode == second.returncode == 0
     assert len(second.run_dirs()) == 2
 
@@ -74,7 +90,7 @@ TINY_MODELS = {
 
 
 @pytest.mark.parametrize("recipe", sorted(path.stem for path in (ROOT / "recipes").glob("*.yaml")))
-def test_every_recipe_composes_and_runs_two_steps(cli, tmp_path, recipe):
+def test_every_recipe_composes_and_runs_two_steps(run, tmp_path, recipe):
     extra = ("data.num_train=256", "data.num_validation=64") if recipe == "reverse" else ()
     if recipe == "tabular_csv":
         table = tmp_path / "iris_like.csv"
@@ -94,7 +110,7 @@ def test_every_recipe_composes_and_runs_two_steps(cli, tmp_path, recipe):
         table.write_text("text,label\n" + "".join(f"good fine great {i},pos\nbad awful poor {i},neg\n" for i in range(40)))
         extra = (f"data.train={table}", "data.tokenizer.vocab_size=300")
     extra += TINY_MODELS.get(recipe, ())
-    result = cli(f"recipe={recipe}", "trainer.max_steps=2", "trainer.progress_bar=false", *extra)
+    result = run(f"recipe={recipe}", "trainer.max_steps=2", "trainer.progress_bar=false", *extra)
     assert result.returncode == 0, result.output
     (step, _), = read_scalars(result.run_dir(), "val/accuracy")
     assert step == 2
@@ -123,8 +139,8 @@ def _three_class_csv(rows: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def test_multirun_gives_each_job_its_own_run_dir(cli):
-    result = cli("-m", "optimizer.lr=1e-3,3e-3", *TINY, "trainer.max_steps=1")
+def test_multirun_gives_each_job_its_own_run_dir(run):
+    result = run("-m", "optimizer.lr=1e-3,3e-3", *TINY, "trainer.max_steps=1")
     assert result.returncode == 0, result.output
     dirs = result.run_dirs()
     assert [d.name for d in dirs] == ["0", "1"] and dirs[0].parent.parent.parent.name == "multirun"

@@ -18,6 +18,8 @@ what is in conf/ (recipes, groups, hardware) are checked against conf/.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import subprocess
@@ -26,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, read_scalars, run_cli
+from conftest import ROOT, read_scalars, run_in_process
 
 DOCS = ROOT / "docs"
 README_LIMIT = 15_000
@@ -131,6 +133,58 @@ def _shorten(code: str, mode: str) -> str:
     return "\n".join(out) + "\n"
 
 
+# Prepended to a bash block in mode cfg: `python -m runner ... --cfg job` and `runner ... --cfg job` are not started
+# as processes (each would spend seconds importing torch and Hydra to print a config) but recorded, one file per
+# command holding its arguments as bash expanded them (NUL-separated), and composed after the block in this process
+# by runner.cli.main, the function both commands call. Every other line (a sweep, `runner plan`, `python -m
+# runner.env`, torchrun) runs as written.
+RECORD_COMPOSE = r'''
+_runner_compose_record() {
+    _runner_compose_n=$(( ${_runner_compose_n:-0} + 1 ))
+    printf '%s\0' "$@" > "$RUNNER_COMPOSE_DIR/$(printf %04d "$_runner_compose_n")"
+}
+_runner_composes_only() { [ "$#" -ge 2 ] && [ "${@: -2:1}" = "--cfg" ] && [ "${@: -1}" = "job" ]; }
+python() {
+    if [ "${1-}" = "-m" ] && [ "${2-}" = "runner" ] && _runner_composes_only "$@"; then
+        shift 2; _runner_compose_record "$@"
+    else command python "$@"; fi
+}
+runner() {
+    case "${1-}" in launch|machine|plan|recipes|sample|env) command runner "$@"; return;; esac
+    if _runner_composes_only "$@"; then _runner_compose_record "$@"; else command runner "$@"; fi
+}
+'''
+
+
+def _compose_recorded(folder: Path, cwd: Path, env: dict, where: str) -> int:
+    """Each recorded `--cfg job` command through runner.cli.main, in cwd with the environment the block started
+    with (no cfg block exports a variable of its own), as the process would have run it; a command that fails
+    fails the test with its output. Returns how many ran."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    from runner.cli import main
+
+    commands = [path.read_bytes().decode().split("\0")[:-1] for path in sorted(folder.iterdir())]
+    for argv in commands:
+        out, err = io.StringIO(), io.StringIO()
+        with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            for name in ("HF_HUB_OFFLINE", "RUNNER_CONFIG_HOME"):
+                patch.setenv(name, env[name])
+            patch.chdir(cwd)
+            patch.syspath_prepend(str(cwd))  # what `python -m runner` and the `runner` script do for the cwd
+            code = 0
+            try:
+                main(argv)
+            except SystemExit as exit_:
+                code = exit_.code
+            finally:
+                GlobalHydra.instance().clear()
+        printed = out.getvalue()
+        assert code in (0, None) and printed.strip(), \
+            f"{where}: `runner {' '.join(argv)}` failed (exit {code}):\n{printed[-3000:]}\n{err.getvalue()[-3000:]}"
+    return len(commands)
+
+
 @pytest.mark.parametrize("where,language,code,kind,option", RUN, ids=[block[0] for block in RUN])
 def test_block_runs(where, language, code, kind, option, tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
@@ -139,17 +193,29 @@ def test_block_runs(where, language, code, kind, option, tmp_path):
     options = dict(word.partition("=")[::2] for word in option.split())
     if "fast" in options or "cfg" in options:
         code = _shorten(code, "fast" if "fast" in options else "cfg")
+    recorded = tmp_path.parent / f"{tmp_path.name}-composed"
     if language == "python":
         code = SETUPS.get(options.get("setup"), "") + code + CHECKS.get(options.get("check"), "")
         command = [sys.executable, "-c", code]
     else:
-        command = ["bash", "-e", "-o", "pipefail", "-c", code]
+        preamble = ""
+        if "cfg" in options:
+            recorded.mkdir()
+            env["RUNNER_COMPOSE_DIR"] = str(recorded)
+            preamble = RECORD_COMPOSE
+        command = ["bash", "-e", "-o", "pipefail", "-c", preamble + code]
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, f"{where} failed:\n{code}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    if recorded.is_dir():
+        lines = [re.sub(r"\s+#\s.*$", "", line) for line in code.splitlines()]
+        expected = sum(1 for line in lines if line.endswith(" --cfg job") and not line.startswith("torchrun")
+                       and RUN_COMMAND.match(line.removesuffix(" --cfg job")))
+        assert _compose_recorded(recorded, tmp_path, env, where) == expected  # every such command was composed
 
 
-def test_the_recipe_runs_as_written_from_a_users_project(tmp_path):
-    """docs/recipes.md's own recipe, with a model and a table of the shapes it names."""
+def test_the_recipe_runs_as_written_from_a_users_project(tmp_path, capsys):
+    """docs/recipes.md's own recipe, with a model and a table of the shapes it names; run by runner.cli.main in this
+    process as `python -m runner` runs it in the user's project (its folder importable)."""
     pandas = pytest.importorskip("pandas")
     import numpy as np
 
@@ -166,7 +232,8 @@ def test_the_recipe_runs_as_written_from_a_users_project(tmp_path):
     table = pandas.DataFrame(features, columns=[f"f{i}" for i in range(16)])
     table["label"] = (features[:, :4].argmax(axis=1)).astype("int64")  # 4 classes
     table.to_parquet(tmp_path / "data" / "train.parquet")
-    result = run_cli("recipe=mine", "trainer.max_epochs=2", "trainer.progress_bar=false", cwd=tmp_path)
+    result = run_in_process("recipe=mine", "trainer.max_epochs=2", "trainer.progress_bar=false", cwd=tmp_path,
+                            capsys=capsys)
     assert result.returncode == 0, result.output
     evaluations = read_scalars(result.run_dir(), "val/accuracy")
     assert [step for step, _ in evaluations] == [3, 6]  # 320 training rows / 128 = 3 steps an epoch

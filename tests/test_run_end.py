@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import TINY, read_jsonl, run_cli
+from conftest import TINY, read_jsonl, run_cli, run_in_process
 
 # A test helper module in the run's working directory (`python -m runner` imports from there).
 HELPERS = textwrap.dedent('''
@@ -124,13 +124,13 @@ def test_killed_right_after_a_checkpoint_and_resumed_every_callback_ends_bitwise
     assert _logged(run_dir) == _logged(expected)
 
 
-def test_an_early_stop_on_a_step_just_checkpointed_still_exports(cwd):
+def test_an_early_stop_on_a_step_just_checkpointed_still_exports(cwd, capsys):
     # Evaluated and checkpointed every 2 steps; no improvement of 10 is possible: early stopping ends it at step 4,
     # on the step its scheduled checkpoint was just taken.
     run_dir = cwd / "run"
-    result = run_cli(*TINY, "trainer.max_steps=12", "trainer.eval_every_steps=2", "checkpoint.every_n_steps=2",
-                     "callbacks=[early_stopping,ema]", "callbacks.early_stopping.patience=1",
-                     "callbacks.early_stopping.min_delta=10", f"hydra.run.dir={run_dir}", cwd=cwd)
+    result = run_in_process(*TINY, "trainer.max_steps=12", "trainer.eval_every_steps=2", "checkpoint.every_n_steps=2",
+                            "callbacks=[early_stopping,ema]", "callbacks.early_stopping.patience=1",
+                            "callbacks.early_stopping.min_delta=10", f"hydra.run.dir={run_dir}", cwd=cwd, capsys=capsys)
     assert result.returncode == 0, result.output
     assert "early stopping at step 4" in result.output
     steps = sorted(path.name for path in (run_dir / "checkpoints").glob("step_*"))
@@ -143,10 +143,10 @@ def test_an_early_stop_on_a_step_just_checkpointed_still_exports(cwd):
     assert recorded["status"] == "completed" and recorded["stopped_early"].startswith("early stopping at step 4")
 
 
-def test_resume_auto_on_a_finished_run_rewrites_a_deleted_export_and_says_so(cwd):
+def test_resume_auto_on_a_finished_run_rewrites_a_deleted_export_and_says_so(cwd, capsys):
     run_dir = cwd / "run"
     run = (*TINY, "trainer.max_steps=4", "callbacks=[ema]", f"hydra.run.dir={run_dir}")
-    assert run_cli(*run, cwd=cwd).returncode == 0
+    assert run_in_process(*run, cwd=cwd, capsys=capsys).returncode == 0
     export = run_dir / "export"
     final_bytes, ema_bytes = (export / "final.safetensors").read_bytes(), (export / "ema.safetensors").read_bytes()
     recorded_value = json.loads((export / "final.json").read_text())["val/accuracy"]
@@ -155,7 +155,7 @@ def test_resume_auto_on_a_finished_run_rewrites_a_deleted_export_and_says_so(cwd
     (export / "ema.safetensors").unlink()
     (export / "final.json").unlink()
 
-    again = run_cli(*run, "resume=auto", cwd=cwd)
+    again = run_in_process(*run, "resume=auto", cwd=cwd, capsys=capsys)
     assert again.returncode == 0, again.output
     assert (f"resume=auto: {run_dir} already finished but lacks export/final.safetensors, export/ema.safetensors; "
             "writing it now from its last checkpoint") in again.output
@@ -168,18 +168,18 @@ def test_resume_auto_on_a_finished_run_rewrites_a_deleted_export_and_says_so(cwd
     recorded = json.loads((run_dir / "result.json").read_text())
     assert recorded["status"] == "completed" and {"final.safetensors", "ema.safetensors"} <= set(recorded["exports"])
 
-    nothing_missing = run_cli(*run, "resume=auto", cwd=cwd)
+    nothing_missing = run_in_process(*run, "resume=auto", cwd=cwd, capsys=capsys)
     assert nothing_missing.returncode == 0, nothing_missing.output
     assert "already finished with val/accuracy=" in nothing_missing.output and "lacks" not in nothing_missing.output
 
 
-def test_a_failed_final_export_is_written_by_the_resume_auto_its_message_suggests(cwd):
+def test_a_failed_final_export_is_written_by_the_resume_auto_its_message_suggests(cwd, capsys):
     run_dir = cwd / "run"
     run = (*TINY, "trainer.max_steps=4", f"hydra.run.dir={run_dir}",
            "+callbacks.block._target_=runhelpers.BlockFinalExport",
            "allowed_targets=[runner.,torch.,datasets.,runhelpers.]")
     blocker = run_dir / "export" / ".partial-final.safetensors"
-    failed = run_cli(*run, cwd=cwd)
+    failed = run_in_process(*run, cwd=cwd, capsys=capsys)
     assert failed.returncode == 1, failed.output
     assert "Traceback" not in failed.output
     message = [line for line in failed.stderr.splitlines() if line.startswith("runner: error:")]
@@ -188,7 +188,7 @@ def test_a_failed_final_export_is_written_by_the_resume_auto_its_message_suggest
     assert not (run_dir / "export" / "final.safetensors").exists()
 
     shutil.rmtree(blocker)  # the space freed
-    resumed = run_cli(*run, "resume=auto", cwd=cwd)
+    resumed = run_in_process(*run, "resume=auto", cwd=cwd, capsys=capsys)
     assert resumed.returncode == 0, resumed.output
     assert "wrote what its end had not: export/final.safetensors" in resumed.output
     _assert_same_tensors(run_dir / "export" / "final.safetensors",
