@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run the README's test command N times in a row (default 3) while one CPU burner per core keeps every core busy:
 # the check that the suite does not depend on how fast the machine is (issue 29). Prints each run's pytest summary
-# line, its duration and the load average; exits non-zero if any run failed. Extra arguments go to pytest.
+# line, its duration and the load average, and keeps the whole output of a failed run (its path is printed); exits
+# non-zero if any run failed. Extra arguments go to pytest.
 #
 #   bash tests/stress.sh 3
 #   bash tests/stress.sh 1 tests/test_parallel.py    # one file, for a quick look
@@ -47,6 +48,10 @@ for run in $(seq "$runs"); do
     if [ "$status" -ne 0 ]; then
         failed=1
         grep -E '^(FAILED|ERROR) ' "$log" || tail -n 20 "$log"
+        # A failure that only load brings out may not come back: keep the whole log to read the cause from.
+        kept="$(mktemp -t "stress-run$run-failed.XXXXXX.log")"
+        cp "$log" "$kept"
+        echo "run $run's full pytest output: $kept"
     fi
 done
 rm -f "$log"
