@@ -20,18 +20,12 @@ def register_configs() -> None:
     from omegaconf import OmegaConf
 
     ConfigStore.instance().store(name="runner_schema", node=RunConfig)
-    if not OmegaConf.has_resolver("runner_direction"):
-        OmegaConf.register_new_resolver("runner_direction", optuna_direction)
-    if not OmegaConf.has_resolver("runner.rank_suffix"):
-        OmegaConf.register_new_resolver("runner.rank_suffix", _rank_suffix)
-    if not OmegaConf.has_resolver("runner.launcher_run_id"):
-        OmegaConf.register_new_resolver("runner.launcher_run_id", _launcher_run_id)
-    if not OmegaConf.has_resolver("runner.in_run_dir"):
-        OmegaConf.register_new_resolver("runner.in_run_dir", _in_run_dir)
-    if not OmegaConf.has_resolver("runner.dir_suffix"):
-        OmegaConf.register_new_resolver("runner.dir_suffix", dir_suffix)
-    if not OmegaConf.has_resolver("runner.slurm_request"):
-        OmegaConf.register_new_resolver("runner.slurm_request", _slurm_request)
+    resolvers = {"runner_direction": optuna_direction, "runner.rank_suffix": _rank_suffix,
+                 "runner.launcher_run_id": _launcher_run_id, "runner.in_run_dir": _in_run_dir,
+                 "runner.dir_suffix": dir_suffix, "runner.slurm_request": _slurm_request}
+    for name, resolver in resolvers.items():
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, resolver)
 
 
 def _slurm_request(what: str, kind: Any, num_processes: Any, threads_per_process: Any) -> Any:
