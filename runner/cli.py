@@ -39,6 +39,7 @@ from runner.config.search_path import config_dir
 from runner.report import finished_result
 from runner.resolvers import register_configs
 from runner.shutdown import skip_collection_at_exit
+from runner.sweep import refuse_search_under_torchrun
 from runner.distributed.signals import stop_during_startup
 
 log = logging.getLogger("runner")
@@ -123,6 +124,9 @@ def _run(args, parser) -> None:
         if problems:
             _exit_with(ConfigError(problems))
         if args.multirun or cfg.hydra.mode == RunMode.MULTIRUN:  # -m, or e.g. hparams_search=...: a sweep
+            # Here, from the one composition, not in a sweep callback: Hydra composes twice more before its
+            # callbacks run, seconds in which torchrun may already be ending this rank for its peer's refusal.
+            refuse_search_under_torchrun(cfg)
             GlobalHydra.instance().clear()
             return _hydra_entry(args, parser)
         _run_one(hydra, cfg, config_name)

@@ -50,7 +50,6 @@ class SweepReport(Callback):
         self._skipped: report.JobResult | None = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        refuse_search_under_torchrun(config)
         check_slurm_request(config)
         _make_storage_dir(OmegaConf.select(config, "hydra.sweeper.storage"))
 

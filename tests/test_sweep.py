@@ -173,7 +173,8 @@ def test_a_search_under_torchrun_is_refused(tmp_path):
     # have printed yet (more so since a runner process exits at once, runner/shutdown.py).
     assert result.output.count(message) >= 1, result.output
     assert "each rank would sample its own hyperparameters" in result.output
-    assert not (tmp_path / "outputs").exists()
+    written = sorted(str(path.relative_to(tmp_path)) for path in (tmp_path / "outputs").rglob("*"))
+    assert written == [], written  # refused before Hydra made a run dir, a sweep dir or the study's storage
 
 
 def _job_config(tmp_path, job: int) -> "object":
