@@ -14,7 +14,7 @@ was in use before the model was built (torch imported, process group up). "held"
 weights, gradients and optimizer state a process keeps); "peak" the most seen while forward and backward pass
 through the blocks (also the units FSDP gathers, and the activations). The resident set is not used: the
 allocator keeps freed memory in per-thread arenas (gloo's threads have their own), which it inflates by hundreds
-of MiB on both sides (measured). Next to them, what `runner plan` predicts for the same model (runner/memory.py;
+of MiB on both sides (measured). Next to them, what `runner plan` predicts for the same model (runner/accelerate/memory.py;
 activations not included). Steps/s: the timed steps of rank 0, wall clock (other people's jobs move it: read the
 ratio).
 """
@@ -101,7 +101,7 @@ def predicted(kind: str) -> int:
     import torch
 
     from runner.config import ParallelConfig, ParallelKind, PrecisionKind
-    from runner.memory import memory_plan
+    from runner.accelerate.memory import memory_plan
     from runner.models import GPT
 
     with torch.device("meta"):

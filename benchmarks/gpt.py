@@ -52,7 +52,7 @@ def recipe_config(corpus: str, steps: int, seed: int, overrides: tuple = ()):
 def runner_arm(corpus: str, steps: int, seed: int, run_dir: Path) -> dict:
     from dataclasses import replace
 
-    from runner.accelerator import Accelerator
+    from runner.accelerate.accelerator import Accelerator
     from runner.config.instantiate import build_data
     from runner.distributed.devices import resolve_hardware
     from runner.plan import batch_plan

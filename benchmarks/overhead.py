@@ -176,7 +176,7 @@ def to_splits(data):
 
 def runner_fit(workload: Workload, steps: int, splits, run_dir: Path) -> dict[str, float]:
     """Seconds for the runner's own loop on the same work, wired by runner.wiring exactly as a run wires it."""
-    from runner.accelerator import Accelerator
+    from runner.accelerate.accelerator import Accelerator
     from runner.config import RunConfig, TrainerConfig
     from runner.plan import batch_plan
     from runner.wiring import build_parts, make_loop

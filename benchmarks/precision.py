@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runner.accelerator import Accelerator
-from runner.precision import AUTOCAST_DTYPES, Precision
+from runner.accelerate.accelerator import Accelerator
+from runner.accelerate.precision import AUTOCAST_DTYPES, Precision
 from runner.config import PrecisionKind
 
 

@@ -33,8 +33,8 @@ from runner.config import CheckpointConfig, MonitorMode
 from runner.distributed.dist import all_gather_object, all_reduce, barrier, broadcast_object
 from runner.errors import CheckpointError, NonFiniteLoss, ResumeRefused, write_error
 from runner.ground import better, flatten
-from runner.parallel import is_sharded
-from runner.prepared import unwrap_optimizer
+from runner.accelerate.parallel import is_sharded
+from runner.accelerate.prepared import unwrap_optimizer
 
 log = logging.getLogger(__name__)
 

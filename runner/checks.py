@@ -9,9 +9,9 @@ from runner.config.instantiate import target_problems
 from runner.config import ParallelKind, RunConfig, StartMethod
 from runner.distributed.devices import KINDS, Hardware
 from runner.errors import ConfigError, Problem
-from runner.parallel import compile_problems, parallel_problems
+from runner.accelerate.parallel import compile_problems, parallel_problems
 from runner.plan import batch_problems
-from runner.precision import precision_problems
+from runner.accelerate.precision import precision_problems
 
 POSITIVE_INTS = ("max_epochs", "log_every_steps", "data_in_memory_mb")
 POSITIVE_OR_NONE = ("max_steps", "eval_every_steps", "eval_batch_size", "max_grad_norm", "limit_train_batches",

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as torch_dist
 
 from runner.distributed import dist
-from runner.precision import FP8_MIN_CAPABILITY, cpu_has_native_bf16
+from runner.accelerate.precision import FP8_MIN_CAPABILITY, cpu_has_native_bf16
 
 PACKAGES = ("runner", "torch", "hydra-core", "omegaconf", "datasets", "tensorboard", "safetensors", "torchao", "torch_xla")
 

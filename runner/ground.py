@@ -1,9 +1,10 @@
 """Layer 0: the few small helpers every layer uses (imports nothing of the runner). One of each: flatten a nested
-dict to dotted keys, write a text file atomically, compare a monitored value by its mode."""
+dict to dotted keys (and to TensorBoard's hparams), write a text file atomically, compare a monitored value by its mode."""
 
 from __future__ import annotations
 
 import os
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,11 @@ def flatten(tree: Any, prefix: str = "", *, empty_as_leaf: bool = False) -> dict
         flat.update(flatten(value, f"{prefix}{key}.", empty_as_leaf=empty_as_leaf))
     return flat
 
+
+def flatten_hparams(config: dict[str, Any], prefix: str = "") -> dict[str, int | float | str | bool]:
+    """Nested keys as dotted names; lists, None and other non-scalars as strings (TensorBoard refuses them)."""
+    return {name: str(value.value) if isinstance(value, Enum) else value if isinstance(value, (bool, int, float, str))
+            else str(value) for name, value in flatten(config, prefix).items()}
 
 def write_text_atomically(path: Path, text: str, temporary: Path | None = None) -> None:
     """Write under `temporary` (by default a hidden name beside `path`), fsync, then rename into place: a reader

@@ -24,7 +24,8 @@ from typing import Any, Iterator
 import yaml
 
 from runner.errors import ConfigError, Problem, WriteError, write_failure
-from runner.metrics import _drop_rows_after, flatten_hparams
+from runner.ground import flatten_hparams
+from runner.metrics import _drop_rows_after
 
 
 @dataclass(frozen=True)

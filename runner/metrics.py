@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 import math
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from runner.ground import flatten
+from runner.ground import flatten_hparams
 
 
 def _drop_rows_after(path: Path, step: int) -> None:
@@ -47,12 +46,6 @@ def write_hparams_session(log_dir: Path, hparams: dict[str, Any], metrics: dict[
             writer.file_writer.add_summary(summary)
         for name, value in metrics.items():
             writer.add_scalar(name, value)
-
-
-def flatten_hparams(config: dict[str, Any], prefix: str = "") -> dict[str, int | float | str | bool]:
-    """Nested keys as dotted names; lists, None and other non-scalars as strings (TensorBoard refuses them)."""
-    return {name: str(value.value) if isinstance(value, Enum) else value if isinstance(value, (bool, int, float, str))
-            else str(value) for name, value in flatten(config, prefix).items()}
 
 
 class Progress:

@@ -106,14 +106,14 @@ def _multiple(value: int, of: int) -> int:
 def describe_run(spec) -> str:
     """What `spec` (runner.cli.load's RunSpec) would train, per process: the model built on the meta device (no
     data is built, unless the model's sizes come from it), its weights, gradients and optimizer state for the
-    parallel setting and precision (runner/memory.py), the batch, the steps, and whether it fits the memory of the
+    parallel setting and precision (runner/accelerate/memory.py), the batch, the steps, and whether it fits the memory of the
     devices present."""
     import torch
 
     from runner.config.instantiate import build_data, build_model, build_optimizer
     from runner.data.shapes import fill_from_data, sizes_wanted
     from runner.distributed.devices import memory_per_process
-    from runner.memory import human, memory_plan
+    from runner.accelerate.memory import human, memory_plan
 
     config, hardware, batch = spec.config, spec.hardware, spec.batch
     model_node = config.model

@@ -17,7 +17,7 @@ from typing import Any
 
 from torch import nn
 
-from runner.accelerator import Accelerator, set_seed
+from runner.accelerate.accelerator import Accelerator, set_seed
 from runner.config.instantiate import build_data, build_model, build_optimizer, build_scheduler, build_task
 from runner.callbacks import RunContext, build_callbacks
 from runner.checkpointer import Checkpointer
@@ -30,7 +30,7 @@ from runner.distributed.dist import local_main_first
 from runner.loggers import LogSink, Loggers, NullLogger, RunInfo, make_logger
 from runner.loop import Loop, planned_steps
 from runner.metrics import Progress
-from runner.parallel import prepare_blocks
+from runner.accelerate.parallel import prepare_blocks
 from runner.plan import BatchPlan
 from runner.distributed.signals import StopSignals
 from runner.summary import data_summary, model_summary, schedule_summary

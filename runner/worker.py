@@ -8,8 +8,8 @@ import signal
 import sys
 from pathlib import Path
 
-from runner.accelerator import Accelerator
-from runner.options import DataLoaderConfiguration
+from runner.accelerate.accelerator import Accelerator
+from runner.accelerate.options import DataLoaderConfiguration
 from runner.config.instantiate import build_data
 from runner.callbacks import end_artifacts
 from runner.checkpoint import complete_checkpoints
@@ -34,7 +34,7 @@ from runner.errors import (
 )
 from runner.failures import FAILURE_ATTRIBUTE, PeerLost, mark_step, worker_failure
 from runner.loop import is_finished
-from runner.parallel import unused_parameters_hint
+from runner.accelerate.parallel import unused_parameters_hint
 from runner.peers import NoPeers, Peers
 from runner.shutdown import skip_collection_at_exit
 from runner.distributed.signals import stop_during_startup

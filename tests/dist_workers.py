@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from runner.accelerator import Accelerator
+from runner.accelerate.accelerator import Accelerator
 from runner.distributed.dist import DistInfo, destroy_process_group, init_process_group
 
 

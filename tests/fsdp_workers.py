@@ -13,14 +13,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runner.accelerator import Accelerator
+from runner.accelerate.accelerator import Accelerator
 from runner.checkpoint import sharded
 from runner.data.batches import TensorBatches
 from runner.config import ActivationCheckpointingConfig, CompileConfig, ParallelConfig, ParallelKind
 from runner.distributed.dist import DistInfo, destroy_process_group, init_process_group
 from runner.models import GPT
 from runner.tasks import LanguageModeling
-from runner.parallel import prepare_blocks
+from runner.accelerate.parallel import prepare_blocks
 
 STEPS, ROWS, LR = 4, 8, 1e-2  # 4 optimizer steps on a global batch of 8 sequences
 TOKENS_PER_STEP = ROWS * 8  # the terms each optimizer step's gradient sums (block_size 8), in any layout
@@ -250,7 +250,7 @@ def held_bytes(model, optimizer) -> dict:
 
 
 def memory() -> dict:
-    """What rank 0 holds after one AdamW step, for runner plan's figures (runner/memory.py) to be checked against.
+    """What rank 0 holds after one AdamW step, for runner plan's figures (runner/accelerate/memory.py) to be checked against.
     A vocabulary of 17 gives the (tied) embedding 17 rows, split 9 + 8: the uneven split is checked too."""
     torch.manual_seed(0)
     model = GPT(vocab_size=17, block_size=8, n_layer=3, n_head=2, n_embd=32, dropout=0.0)

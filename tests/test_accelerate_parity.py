@@ -1,7 +1,7 @@
 """runner.Accelerator against the behaviour Accelerate documents, on 1 process (fast, no launch) and on 2 gloo
 processes (one launch, tests/parity_workers.py, each check asserted by its own test below).
 
-The sharding rules are tested on runner/sharding.py's objects directly for any process index: they need no group.
+The sharding rules are tested on runner/accelerate/sharding.py's objects directly for any process index: they need no group.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from runner import (
 from runner.distributed.dist import DistInfo
 from runner.config import ParallelConfig, ParallelKind
 from runner.errors import CheckpointError, ConfigError, LaunchError
-from runner.prepared import AcceleratedScheduler
-from runner.sharding import BatchShard, IterableShard
+from runner.accelerate.prepared import AcceleratedScheduler
+from runner.accelerate.sharding import BatchShard, IterableShard
 
 
 def dealt(num_samples: int, batch_size: int, rank: int, num_processes: int = 2, drop_last: bool = False, **kw):

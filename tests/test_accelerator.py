@@ -12,10 +12,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from runner.accelerator import Accelerator, set_seed
+from runner.accelerate.accelerator import Accelerator, set_seed
 from runner.checkpoint import damage
 from runner.distributed.dist import DistInfo
-from runner.prepared import AcceleratedOptimizer, AcceleratedScheduler
+from runner.accelerate.prepared import AcceleratedOptimizer, AcceleratedScheduler
 from tolerances import reordered_sum_bound
 
 STEPS = 6
@@ -434,7 +434,7 @@ def test_batches_of_namedtuples_and_dataclasses_move_every_tensor_and_keep_their
     import dataclasses
     from collections import namedtuple
 
-    from runner.prepared import tree_map
+    from runner.accelerate.prepared import tree_map
 
     Pair = namedtuple("Pair", "inputs targets")
 

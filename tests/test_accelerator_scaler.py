@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from runner.accelerator import Accelerator
+from runner.accelerate.accelerator import Accelerator
 
 
 def _step(accelerator, model, optimizer, value: float) -> None:

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from runner.accelerator import Accelerator
+from runner.accelerate.accelerator import Accelerator
 from runner.checkpoint import MANIFEST, damage, find_resume, read_pointer
 from runner.checkpointer import Checkpointer, restore, tensors_are_finite
 from runner.checkpoint.files import Layout, block_digests, read_manifest

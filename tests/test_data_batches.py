@@ -66,7 +66,7 @@ def test_arrow_batches_match_the_rows_of_a_split_with_an_indices_mapping():
 
 
 def test_an_empty_evaluation_shard_still_has_a_stand_in_batch_of_the_splits_first_row():
-    from runner.prepared import DeviceBatches
+    from runner.accelerate.prepared import DeviceBatches
 
     shard = TensorBatches(columns(1), batch_size=4, shuffle=False, seed=0).shard(1, 2)  # 1 row, 2 processes
     assert list(shard) == [] and len(shard) == 0

@@ -175,7 +175,7 @@ def test_tpu_without_torch_xla_names_what_to_install(monkeypatch):
 
 
 def test_tpu_with_torch_xla_uses_its_device(monkeypatch):
-    from runner.accelerator import Accelerator
+    from runner.accelerate.accelerator import Accelerator
 
     fake = types.ModuleType("torch_xla")
     fake.device = lambda: torch.device("cpu")

@@ -23,6 +23,7 @@ LAYERS = {
     "runner.config": 1,
     "runner.distributed": 2,
     "runner.checkpoint": 3,
+    "runner.accelerate": 4,
     "runner.data": 5,
     "runner.models": 5,
 }

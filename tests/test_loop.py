@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runner.accelerator import Accelerator
+from runner.accelerate.accelerator import Accelerator
 from runner.config import TrainerConfig
 from runner.errors import NonFiniteLoss
 from runner.data.batches import TensorBatches

@@ -1,4 +1,4 @@
-"""runner.memory and `runner plan`: the figures from the meta device against the tensors a real model, its
+"""runner.accelerate.memory and `runner plan`: the figures from the meta device against the tensors a real model, its
 gradients and its optimizer hold (FSDP's shards on 2 processes: tests/test_parallel.py)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 from runner.cli import load
 from runner.cli import main as cli_main
 from runner.config import ParallelConfig, ParallelKind, PrecisionKind
-from runner.memory import human, memory_plan
+from runner.accelerate.memory import human, memory_plan
 from runner.models import GPT
 from runner.plan import describe_run, main
 

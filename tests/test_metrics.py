@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from runner.config import PrecisionKind
-from runner.metrics import flatten_hparams
+from runner.ground import flatten_hparams
 
 
 def test_flatten_hparams_makes_dotted_scalars():

@@ -1,4 +1,4 @@
-"""runner.parallel: FSDP through the Accelerator on 2 gloo processes against one process with the global batch
+"""runner.accelerate.parallel: FSDP through the Accelerator on 2 gloo processes against one process with the global batch
 (and DDP), clipping, accumulation, the bf16 policy, sharded save_state/load_state across process counts; the
 blocks, activation checkpointing (equal gradients, less memory) and torch.compile (same loss, own names)."""
 
@@ -14,14 +14,14 @@ from torch import nn
 import fsdp_workers
 from dist_workers import launch
 from tolerances import reordered_sum_bound
-from runner.accelerator import Accelerator
+from runner.accelerate.accelerator import Accelerator
 from runner.checks import check
 from runner.cli import load
 from runner.config import ActivationCheckpointingConfig, CompileConfig, ParallelConfig, ParallelKind, PrecisionKind
 from runner.errors import ConfigError
-from runner.memory import memory_plan
+from runner.accelerate.memory import memory_plan
 from runner.models import GPT, MLP, SeqTransformer
-from runner.parallel import checkpoint_blocks, compile_model, find_blocks, prepare_blocks
+from runner.accelerate.parallel import checkpoint_blocks, compile_model, find_blocks, prepare_blocks
 
 
 @pytest.fixture(scope="module")
@@ -235,7 +235,7 @@ def test_compile_gives_the_eager_loss_and_keeps_the_module_and_its_names():
 
 
 def test_inductor_compiles_the_model_in_place_to_the_eager_loss_and_gradients():
-    from runner.parallel import cxx_compiler
+    from runner.accelerate.parallel import cxx_compiler
 
     if cxx_compiler() is None:
         pytest.skip("torch.compile's default backend (inductor) needs a C++ compiler on a CPU and none was found; "

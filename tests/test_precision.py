@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from runner import precision as precision_module
+from runner.accelerate import precision as precision_module
 from runner.config import PrecisionKind
-from runner.precision import Precision, fp8_eligible, precision_problems
+from runner.accelerate.precision import Precision, fp8_eligible, precision_problems
 
 
 @pytest.mark.parametrize("kind, dtype", [("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)])

@@ -18,10 +18,11 @@ from typing import Iterator
 
 import torch
 
+from runner.accelerate.prepared import BatchSource
 from runner.errors import DataError
 
 
-class _Batches:
+class _Batches(BatchSource):
     """Order, epoch and sharding shared by both batch sources; subclasses fetch the rows of one batch."""
 
     def __init__(self, num_rows: int, batch_size: int, shuffle: bool, seed: int, drop_last: bool = False):

@@ -113,7 +113,7 @@ class Hardware:
             dist.set_cuda_visible_devices(self.cuda_visible_devices)
 
     def device(self, local_rank: int, xla=None) -> torch.device:
-        """This process's device (the XLA one comes from torch_xla: pass the Accelerator's runner.xla.Xla)."""
+        """This process's device (the XLA one comes from torch_xla: pass the Accelerator's runner.accelerate.xla.Xla)."""
         if self.device_type == "cuda":
             count = torch.cuda.device_count()
             if local_rank >= count:

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runner.accelerator import Accelerator
+from runner.accelerate.accelerator import Accelerator
 
 from conftest import TINY
 

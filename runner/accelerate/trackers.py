@@ -45,7 +45,7 @@ class TensorBoardTracker:
         self.logging_dir = Path(logging_dir) / run_name
         self.writer = SummaryWriter(log_dir=str(self.logging_dir), **kwargs)
         if config:
-            from runner.metrics import flatten_hparams
+            from runner.ground import flatten_hparams
 
             # run_name=".": the hparams in this run's own directory; add_hparams' default makes a new
             # timestamped subdirectory, which TensorBoard then lists as a separate run.

@@ -31,8 +31,8 @@ from runner.checkpoint.files import Layout
 from runner.checkpoint.rng import capture_rng, restore_rng
 from runner.distributed.dist import all_gather_object, barrier
 from runner.errors import CheckpointError
-from runner.parallel import is_sharded
-from runner.prepared import unwrap_optimizer
+from runner.accelerate.parallel import is_sharded
+from runner.accelerate.prepared import unwrap_optimizer
 
 log = logging.getLogger(__name__)
 

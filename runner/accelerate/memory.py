@@ -81,7 +81,7 @@ def optimizer_state(optimizer: torch.optim.Optimizer, parameters: list[nn.Parame
 
 
 def gathered_bytes(model: nn.Module, parallel: ParallelConfig, precision: PrecisionKind) -> int:
-    from runner.parallel import FSDP_PRECISION, find_blocks
+    from runner.accelerate.parallel import FSDP_PRECISION, find_blocks
 
     blocks = find_blocks(model, parallel.shard_modules, "parallel.shard_modules", required=False)
     block_elements = [sum(parameter.numel() for parameter in block.parameters()) for _, _, block in blocks]

@@ -1,7 +1,7 @@
 """The parts of Accelerate's Accelerator API that sit beside the training step: which process runs a function,
 sharing inputs out, a stop flag all processes agree on, extra objects to checkpoint, freeing memory, the
-experiment trackers (runner/trackers.py), save_model (runner/checkpoint/model_dir.py) and save_state/load_state
-(runner/accelerator_state.py). Mixed into runner.Accelerator, whose process counts they read.
+experiment trackers (runner/accelerate/trackers.py), save_model (runner/checkpoint/model_dir.py) and save_state/load_state
+(runner/accelerate/saved_state.py). Mixed into runner.Accelerator, whose process counts they read.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from runner import collectives, trackers
+from runner.accelerate import collectives, trackers
 from runner.distributed import dist as distributed
 from runner.config import ParallelKind
 
@@ -49,7 +49,7 @@ class AcceleratorExtras:
 
     @property
     def prepared_loaders(self) -> list:
-        """The DataLoaders this Accelerator prepared (runner/dataloader.py's PreparedDataLoader)."""
+        """The DataLoaders this Accelerator prepared (runner/accelerate/dataloader.py's PreparedDataLoader)."""
         if "_prepared_loaders" not in self.__dict__:
             self._prepared_loaders: list = []
         return self._prepared_loaders
@@ -175,7 +175,7 @@ class AcceleratorExtras:
 
     clear = free_memory
 
-    # -- trackers (runner/trackers.py) ------------------------------------------------------------------------------
+    # -- trackers (runner/accelerate/trackers.py) ------------------------------------------------------------------------------
 
     def init_trackers(self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None):
         """Start the `log_with` trackers for a run named `project_name` under project_dir (main process only)."""
@@ -201,38 +201,38 @@ class AcceleratorExtras:
         """Save every prepared model, optimizer and scheduler, the scaler, the objects registered for checkpointing
         and each process's RNG state, in the runner's checkpoint format (written whole or not at all, with a
         verified manifest; sharded under FSDP). No directory: the next automatically named one under the
-        project_config's project_dir (runner/options.py: ProjectConfiguration)."""
-        from runner import accelerator_state  # safetensors and DCP: only for a loop that saves
+        project_config's project_dir (runner/accelerate/options.py: ProjectConfiguration)."""
+        from runner.accelerate import saved_state  # safetensors and DCP: only for a loop that saves
 
         project = self.project_configuration
         automatic = output_dir is None
         if automatic:
-            output_dir = accelerator_state.automatic_dir(project, "save_state")
-        saved = accelerator_state.save(Path(output_dir), self._state_objects(), self.dist.world_size,
+            output_dir = saved_state.automatic_dir(project, "save_state")
+        saved = saved_state.save(Path(output_dir), self._state_objects(), self.dist.world_size,
                                        self.is_main_process)
         if automatic:
             project.iteration += 1
             if project.total_limit and self.is_main_process:
-                accelerator_state.keep_newest(saved.parent, project.total_limit)
+                saved_state.keep_newest(saved.parent, project.total_limit)
         return saved
 
     def load_state(self, input_dir: str | Path | None = None) -> None:
         """Restore what save_state wrote into the objects prepared (in the same order) by this Accelerator. A
         sharded state may be loaded on another number of processes. No directory: the newest automatically named
         one under the project_config's project_dir."""
-        from runner import accelerator_state
+        from runner.accelerate import saved_state
 
         automatic = input_dir is None
         if automatic:
-            input_dir = accelerator_state.newest_dir(self.project_configuration)
-        accelerator_state.load(Path(input_dir), self._state_objects(), self.dist.rank, self.dist.world_size)
+            input_dir = saved_state.newest_dir(self.project_configuration)
+        saved_state.load(Path(input_dir), self._state_objects(), self.dist.rank, self.dist.world_size)
         if automatic:  # the next save_state() continues the numbering, as Accelerate's does
-            self.project_configuration.iteration = accelerator_state.number_of(Path(input_dir)) + 1
+            self.project_configuration.iteration = saved_state.number_of(Path(input_dir)) + 1
 
     def _state_objects(self):
-        from runner import accelerator_state
+        from runner.accelerate import saved_state
 
-        return accelerator_state.Objects([self.unwrap_model(model) for model in self._models], self._optimizers,
+        return saved_state.Objects([self.unwrap_model(model) for model in self._models], self._optimizers,
                                          self._schedulers, self.scaler, self.parallel.kind is ParallelKind.fsdp,
                                          list(self.custom_objects))
 

@@ -6,7 +6,8 @@
   `num_processes` times unless the batches are split (Accelerate's convention, see its docstring).
 - `DeviceBatches`: moves each batch to the device as it is drawn.
 
-A prepared DataLoader is runner/dataloader.py's `PreparedDataLoader`.
+A prepared DataLoader is runner/accelerate/dataloader.py's `PreparedDataLoader`. `BatchSource` is what `prepare`
+accepts besides torch's own types: a source of whole batches that deals itself out to the processes.
 """
 
 from __future__ import annotations
@@ -17,6 +18,15 @@ from typing import Any, Iterator
 
 import torch
 from torch.utils import _pytree as pytree
+
+
+class BatchSource:
+    """A source of ready batches that knows how to give each process its share (runner/data/batches.py's
+    sources are the ones the runner builds). `Accelerator.prepare` calls `shard` and moves each batch to the
+    device; it knows nothing else of the source, so the data layer sits above this one."""
+
+    def shard(self, rank: int, world_size: int) -> "BatchSource":
+        raise NotImplementedError
 
 
 @dataclass

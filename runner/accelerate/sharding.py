@@ -1,5 +1,5 @@
 """Which of a DataLoader's batches each process draws: the batches the user's own sampler, batch sampler and
-generator produce, dealt out whole (or split), never re-sampled. runner/dataloader.py builds the loader around them.
+generator produce, dealt out whole (or split), never re-sampled. runner/accelerate/dataloader.py builds the loader around them.
 
 On N processes with a batch sampler yielding [0, 1], [2, 3], [4, 5], [6, 7] (Accelerate's BatchSamplerShard is the
 model for these rules):

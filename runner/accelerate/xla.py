@@ -11,7 +11,7 @@ import importlib
 import torch
 
 from runner.distributed.devices import INSTALL_HINT, xla_problem
-from runner.prepared import DeviceBatches
+from runner.accelerate.prepared import DeviceBatches
 
 class Xla:
     """The handful of torch_xla calls a run needs, behind one small object (so tests can check them with a stand-in)."""

@@ -12,7 +12,7 @@
             optimizer.zero_grad()
 
 In fp32 without accumulation on one CPU process `prepare` hands back the very objects it was given, so the hot path
-costs nothing. Wrappers (runner/prepared.py) appear only where the plain object would do the wrong thing.
+costs nothing. Wrappers (runner/accelerate/prepared.py) appear only where the plain object would do the wrong thing.
 """
 
 from __future__ import annotations
@@ -28,22 +28,21 @@ import torch
 from torch import nn
 
 from runner.distributed import dist as distributed
-from runner import parallel
+from runner.accelerate import parallel
 from runner.config import ParallelConfig, ParallelKind
 from runner.distributed.devices import Hardware, for_device, this_process
-from runner.parallel import chosen_settings, follow_sharded_parameters
-from runner.data.batches import _Batches
+from runner.accelerate.parallel import chosen_settings, follow_sharded_parameters
 from runner.distributed.dist import DistInfo
-from runner.precision import Precision
-from runner import collectives
-from runner.accelerator_extras import AcceleratorExtras
-from runner.dataloader import PreparedDataLoader
-from runner.trackers import kinds as tracker_kinds
-from runner.options import (
+from runner.accelerate.precision import Precision
+from runner.accelerate import collectives
+from runner.accelerate.extras import AcceleratorExtras
+from runner.accelerate.dataloader import PreparedDataLoader
+from runner.accelerate.trackers import kinds as tracker_kinds
+from runner.accelerate.options import (
     DataLoaderConfiguration, DistributedType, ProjectConfiguration, accumulation_steps, distributed_type, make_scaler,
     split_handlers,
 )
-from runner.prepared import AcceleratedOptimizer, AcceleratedScheduler, DeviceBatches, SharedState, tree_map
+from runner.accelerate.prepared import AcceleratedOptimizer, AcceleratedScheduler, BatchSource, DeviceBatches, SharedState, tree_map
 
 ACCELERATE_PRECISION = {"no": "fp32", None: "fp32"}  # Accelerate's mixed_precision names that differ from ours
 _NO_SYNC = nullcontext()
@@ -76,7 +75,7 @@ class Accelerator(AcceleratorExtras):
         ParallelConfig with their settings (a DistributedDataParallelKwargs in `kwargs_handlers`: DDP's).
         `mixed_precision`, `gradient_accumulation_steps`, `cpu` and `kwargs_handlers` are Accelerate's names, as
         are `dataloader_config`, `gradient_accumulation_plugin`, `step_scheduler_with_optimizer`, `project_dir` and
-        `log_with`, `project_config` (runner/options.py, runner/trackers.py)."""
+        `log_with`, `project_config` (runner/accelerate/options.py, runner/accelerate/trackers.py)."""
         self.dist = dist or DistInfo.from_env()
         if hardware is None:
             hardware = for_device("cpu" if cpu else device) if (cpu or device is not None) else this_process()
@@ -86,7 +85,7 @@ class Accelerator(AcceleratorExtras):
         distributed.join_group(hardware.backend)
         self.xla = None
         if hardware.device_type == "xla":
-            from runner.xla import Xla
+            from runner.accelerate.xla import Xla
 
             self.xla = Xla()
         explicit = device is not None and self.xla is None  # an XLA device is torch_xla's to hand out
@@ -214,7 +213,7 @@ class Accelerator(AcceleratorExtras):
             return self._prepare_model(obj)
         if isinstance(obj, torch.optim.Optimizer):
             return self._prepare_optimizer(obj)
-        if isinstance(obj, _Batches):
+        if isinstance(obj, BatchSource):
             return self._on_device(obj.shard(self.dist.rank, self.dist.world_size))
         if isinstance(obj, torch.utils.data.DataLoader):
             return self._prepare_dataloader(obj)
@@ -255,7 +254,7 @@ class Accelerator(AcceleratorExtras):
         return optimizer
 
     def _prepare_dataloader(self, loader: torch.utils.data.DataLoader):
-        """This process's share of the loader's batches (runner/dataloader.py). One CPU process that neither
+        """This process's share of the loader's batches (runner/accelerate/dataloader.py). One CPU process that neither
         accumulates nor reseeds gets its own loader back: there is nothing to share or to mark."""
         config = self.dataloader_config
         if (self.num_processes == 1 and self.device.type == "cpu" and self.xla is None

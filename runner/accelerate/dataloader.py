@@ -1,5 +1,5 @@
 """What `Accelerator.prepare(DataLoader)` hands back: the user's loader re-made around this process's share of its
-batches (runner/sharding.py decides the share), which also
+batches (runner/accelerate/sharding.py decides the share), which also
 
 - moves each batch to the device;
 - says whether the batch in hand is the last (`end_of_dataloader`: accumulate() then syncs and steps) and how
@@ -20,8 +20,8 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from runner.errors import ConfigError, Problem
-from runner.prepared import tree_map
-from runner.sharding import (
+from runner.accelerate.prepared import tree_map
+from runner.accelerate.sharding import (
     BatchShard, IterableShard, WithReal, marking_last, sync_generators, with_agreed_shuffle,
 )
 

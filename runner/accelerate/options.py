@@ -20,7 +20,7 @@ from runner.errors import ConfigError, Problem
 
 @dataclass
 class DataLoaderConfiguration:
-    """How `prepare(DataLoader)` shares a loader's batches among the processes (runner/dataloader.py)."""
+    """How `prepare(DataLoader)` shares a loader's batches among the processes (runner/accelerate/dataloader.py)."""
 
     split_batches: bool = False
     """False: each process draws whole batches of the loader's batch size (the global batch is N times it).
@@ -125,7 +125,7 @@ def accumulation_steps(steps: int | None, legacy: int, plugin: GradientAccumulat
 
 def split_handlers(kwargs_handlers: list | None) -> tuple[ParallelConfig | None, GradScalerKwargs | None]:
     """DDP's settings and the GradScaler's from Accelerate-style kwargs handlers; anything else is refused."""
-    from runner.parallel import DistributedDataParallelKwargs
+    from runner.accelerate.parallel import DistributedDataParallelKwargs
 
     ddp, scaler = None, None
     for handler in kwargs_handlers or []:

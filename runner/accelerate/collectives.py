@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from runner.distributed import dist
-from runner.prepared import tree_map
+from runner.accelerate.prepared import tree_map
 
 
 def share(length: int, num_processes: int, process_index: int) -> tuple[int, int]:
