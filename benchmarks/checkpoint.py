@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' own 
 import alternatives  # noqa: E402
 from overhead import parse_names  # noqa: E402
 from runner.checkpoint import find_resume  # noqa: E402
-from runner.checkpointer import Checkpointer, restore  # noqa: E402
+from runner.training.checkpointer import Checkpointer, restore  # noqa: E402
 from runner.config import CheckpointConfig, MonitorMode  # noqa: E402
 
 
@@ -147,8 +147,8 @@ def measure_finite_check(million_params: int, repeats: int, directory: Path) -> 
     and of the check alone (parameters and AdamW state)."""
     import statistics
 
-    from runner import checkpointer as checkpointer_module
-    from runner.checkpointer import tensors_are_finite, trained_tensors
+    from runner.training import checkpointer as checkpointer_module
+    from runner.training.checkpointer import tensors_are_finite, trained_tensors
 
     model, optimizer = trained(million_params)
     times: dict[str, list[float]] = {key: [] for key in (

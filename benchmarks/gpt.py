@@ -55,7 +55,7 @@ def runner_arm(corpus: str, steps: int, seed: int, run_dir: Path) -> dict:
     from runner.accelerate.accelerator import Accelerator
     from runner.config.instantiate import build_data
     from runner.distributed.devices import resolve_hardware
-    from runner.plan import batch_plan
+    from runner.training.batch_plan import batch_plan
     from runner.worker import train
 
     spec = recipe_config(corpus, steps, seed)

@@ -45,7 +45,7 @@ class SeqTransformer(nn.Module):
 
 
 def warmup_cosine(total_steps: int, warmup_steps: int):
-    """The reverse recipe's schedule (runner.schedules.warmup_cosine, min_lr_ratio 0)."""
+    """The reverse recipe's schedule (runner.training.schedules.warmup_cosine, min_lr_ratio 0)."""
 
     def factor(step: int) -> float:
         if step < warmup_steps:

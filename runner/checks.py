@@ -10,7 +10,7 @@ from runner.config import ParallelKind, RunConfig, StartMethod
 from runner.distributed.devices import KINDS, Hardware
 from runner.errors import ConfigError, Problem
 from runner.accelerate.parallel import compile_problems, parallel_problems
-from runner.plan import batch_problems
+from runner.training.batch_plan import batch_problems
 from runner.accelerate.precision import precision_problems
 
 POSITIVE_INTS = ("max_epochs", "log_every_steps", "data_in_memory_mb")
@@ -41,8 +41,8 @@ def sink_and_callback_problems(config: RunConfig) -> list[Problem]:
     """The `logger` and `callbacks` nodes: allowed, importable targets (the same check as the model's), an installed
     package for an optional sink, and callbacks that accept their settings (built here, in the parent, so e.g.
     callbacks.early_stopping.patience=0 fails before any worker starts)."""
-    from runner.callbacks import build_callbacks
-    from runner.loggers import extra_problems
+    from runner.training.callbacks import build_callbacks
+    from runner.training.loggers import extra_problems
 
     nodes = {**{f"logger.{name}": node for name, node in config.logger.items()},
              **{f"callbacks.{name}": node for name, node in config.callbacks.items()}}

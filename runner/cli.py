@@ -34,7 +34,7 @@ from runner.errors import (
 )
 from runner.launch import launch
 from runner.worker import missing_final_artifacts
-from runner.plan import batch_plan
+from runner.training.batch_plan import batch_plan
 from runner.config.search_path import config_dir
 from runner.report import finished_result
 from runner.resolvers import register_configs

@@ -25,7 +25,7 @@ from typing import Any, Iterator
 import yaml
 
 from runner.ground import better, write_text_atomically
-from runner.metrics import read_row, write_hparams_session
+from runner.training.metrics import read_row, write_hparams_session
 
 RESULT_FILE = "result.json"
 FAILURE_PREFIX = "result.failed-"
@@ -123,7 +123,7 @@ def list_exports(run_dir: Path) -> list[str]:
 
 
 def _early_stop_reason(run_dir: Path) -> str | None:
-    """What runner.callbacks.EarlyStopping wrote when it stopped the run."""
+    """What runner.training.callbacks.EarlyStopping wrote when it stopped the run."""
     path = run_dir / "early_stopping.json"
     if not path.is_file():
         return None

@@ -80,7 +80,7 @@ def load_model(weights: Path, config_file: Path) -> torch.nn.Module:
 
     from runner.config.instantiate import build_model, target_problems
 
-    from runner.checkpointer import read_config
+    from runner.training.checkpointer import read_config
 
     config = read_config(config_file)
     problems = target_problems({"model": config["model"]}, config["allowed_targets"])

@@ -18,8 +18,8 @@ from runner.config import RunConfig
 from runner.data.batches import make_batches
 from runner.data.shapes import fill_from_data, sizes_wanted
 from runner.distributed.devices import Hardware
-from runner.loop import planned_steps
-from runner.plan import BatchPlan, batch_plan
+from runner.training.loop import planned_steps
+from runner.training.batch_plan import BatchPlan, batch_plan
 
 
 @dataclass

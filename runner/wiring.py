@@ -19,21 +19,21 @@ from torch import nn
 
 from runner.accelerate.accelerator import Accelerator, set_seed
 from runner.config.instantiate import build_data, build_model, build_optimizer, build_scheduler, build_task
-from runner.callbacks import RunContext, build_callbacks
-from runner.checkpointer import Checkpointer
+from runner.training.callbacks import RunContext, build_callbacks
+from runner.training.checkpointer import Checkpointer
 from runner.checkpoint.files import Layout
 from runner.config import ParallelKind, RunConfig, plain
 from runner.data.batches import make_batches
 from runner.data.shapes import fill_from_data, fit_statistics
-from runner.debug import fast_dev_run_note, overfit_splits
+from runner.training.debug import fast_dev_run_note, overfit_splits
 from runner.distributed.dist import local_main_first
-from runner.loggers import LogSink, Loggers, NullLogger, RunInfo, make_logger
-from runner.loop import Loop, planned_steps
-from runner.metrics import Progress
+from runner.training.loggers import LogSink, Loggers, NullLogger, RunInfo, make_logger
+from runner.training.loop import Loop, planned_steps
+from runner.training.metrics import Progress
 from runner.accelerate.parallel import prepare_blocks
-from runner.plan import BatchPlan
+from runner.training.batch_plan import BatchPlan
 from runner.distributed.signals import StopSignals
-from runner.summary import data_summary, model_summary, schedule_summary
+from runner.training.summary import data_summary, model_summary, schedule_summary
 
 log = logging.getLogger(__name__)
 

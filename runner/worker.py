@@ -11,12 +11,12 @@ from pathlib import Path
 from runner.accelerate.accelerator import Accelerator
 from runner.accelerate.options import DataLoaderConfiguration
 from runner.config.instantiate import build_data
-from runner.callbacks import end_artifacts
+from runner.training.callbacks import end_artifacts
 from runner.checkpoint import complete_checkpoints
-from runner.checkpointer import EXPORT_DIR, FINAL_EXPORT, apply_rng, final_export_missing, restore
+from runner.training.checkpointer import EXPORT_DIR, FINAL_EXPORT, apply_rng, final_export_missing, restore
 from runner.checkpoint.resume import newest_intact
 from runner.config import RunConfig, RunSpec, plain
-from runner.debug import apply_determinism
+from runner.training.debug import apply_determinism
 from runner.distributed.dist import (
     DistInfo,
     broadcast_object,
@@ -33,7 +33,7 @@ from runner.errors import (
     INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, ConfigError, LaunchError, Preempted, no_stray_tracebacks,
 )
 from runner.failures import FAILURE_ATTRIBUTE, PeerLost, mark_step, worker_failure
-from runner.loop import is_finished
+from runner.training.loop import is_finished
 from runner.accelerate.parallel import unused_parameters_hint
 from runner.peers import NoPeers, Peers
 from runner.shutdown import skip_collection_at_exit

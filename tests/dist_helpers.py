@@ -14,9 +14,9 @@ from pathlib import Path
 
 from torch import nn
 
-from runner.callbacks import Callback
+from runner.training.callbacks import Callback
 from runner.models import SeqTransformer
-from runner.tasks import SequenceToSequence
+from runner.training.tasks import SequenceToSequence
 
 
 class FaultySeqTransformer(nn.Module):

@@ -19,7 +19,7 @@ from runner.data.batches import TensorBatches
 from runner.config import ActivationCheckpointingConfig, CompileConfig, ParallelConfig, ParallelKind
 from runner.distributed.dist import DistInfo, destroy_process_group, init_process_group
 from runner.models import GPT
-from runner.tasks import LanguageModeling
+from runner.training.tasks import LanguageModeling
 from runner.accelerate.parallel import prepare_blocks
 
 STEPS, ROWS, LR = 4, 8, 1e-2  # 4 optimizer steps on a global batch of 8 sequences
@@ -155,7 +155,7 @@ def saved_model(tmp_dir: Path) -> str:
 def evaluation() -> dict:
     """The loop's evaluate() on validation splits of 1 row (process 1's shard is empty) and 3 rows (2 batches and
     1), under FSDP and DDP: {"rows<N>": {kind: metrics}}, to match one process's."""
-    from runner.loop import evaluate
+    from runner.training.loop import evaluate
 
     results = {}
     for rows in (1, 3):

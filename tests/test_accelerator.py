@@ -354,12 +354,12 @@ class RecordingLogger:
 def run_loop(batch_size: int, grad_accum_steps: int, steps: int = 3):
     """The standard Loop in this process over a small classification set; returns (train losses, model)."""
     from runner.data.batches import TensorBatches
-    from runner.loop import Loop
-    from runner.metrics import Progress
-    from runner.checkpointer import Checkpointer
+    from runner.training.loop import Loop
+    from runner.training.metrics import Progress
+    from runner.training.checkpointer import Checkpointer
     from runner.config import TrainerConfig
-    from runner.plan import BatchPlan
-    from runner.tasks import Classification
+    from runner.training.batch_plan import BatchPlan
+    from runner.training.tasks import Classification
 
     features, labels = make_data(256)[:]
     columns = {"features": features, "label": labels}

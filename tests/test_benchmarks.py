@@ -195,7 +195,7 @@ def test_the_finite_check_benchmark_saves_both_ways_and_reports_the_check_s_shar
                            "check alone", "save: checked / unchecked, paired",
                            "until sealed: checked / unchecked, paired"}
     assert all(value > 0 for value in result.values())
-    from runner import checkpointer
+    from runner.training import checkpointer
 
     assert checkpointer.tensors_are_finite.__name__ == "tensors_are_finite"  # put back
     assert "(target <= 5%)" in compare.checkpoint.report_finite_check(result)

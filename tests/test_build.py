@@ -6,7 +6,7 @@ import torch
 
 from runner.config.instantiate import build_data, build_model, build_optimizer, build_scheduler, build_task, target_problems
 from runner.errors import ConfigError, DataError
-from runner.tasks import Classification
+from runner.training.tasks import Classification
 
 ALLOWED = ["runner.", "torch."]
 

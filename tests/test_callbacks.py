@@ -1,4 +1,4 @@
-"""Callbacks (runner/callbacks.py) and what a run says, read back from one in-process run: early stopping (the
+"""Callbacks (runner/training/callbacks.py) and what a run says, read back from one in-process run: early stopping (the
 reason in result.json and the log, the checkpoint it saved), EMA (val_ema/* and its export), the learning-rate
 and throughput monitors, the profiler's trace, a user's own callback from a package in the working directory,
 the CSV sink, the run's name in its dir, and the start and end summaries in the log."""
@@ -15,11 +15,11 @@ import torch
 
 from conftest import TINY, read_scalars
 
-from runner.callbacks import EarlyStopping
+from runner.training.callbacks import EarlyStopping
 from runner.cli import main
 
 USER_CALLBACK = textwrap.dedent('''
-    from runner.callbacks import Callback
+    from runner.training.callbacks import Callback
 
     CALLS = []
 
@@ -156,7 +156,7 @@ def test_early_stopping_refuses_bad_settings(arguments, message):
 def test_callback_state_travels_with_the_loop_state_so_a_resumed_run_continues_it():
     from test_loop import _loop
 
-    from runner.callbacks import EMA, Callbacks
+    from runner.training.callbacks import EMA, Callbacks
     from runner.config import TrainerConfig
 
     settings = TrainerConfig(max_steps=4, batch_size=16, eval_every_steps=2, log_every_steps=2)
@@ -176,7 +176,7 @@ def test_callback_state_travels_with_the_loop_state_so_a_resumed_run_continues_i
 def test_ema_under_fsdp_on_several_processes_is_refused_naming_the_callback():
     from types import SimpleNamespace
 
-    from runner.callbacks import EMA
+    from runner.training.callbacks import EMA
     from runner.errors import ConfigError
 
     loop = SimpleNamespace(accelerator=SimpleNamespace(shards_parameters=True))

@@ -20,8 +20,8 @@ import yaml
 from safetensors.torch import load_file
 
 from runner.checkpoint import MANIFEST, complete_checkpoints, damage, find_resume, read_pointer
-from runner.checkpointer import MODEL_FILE, STATE_FILE, Checkpointer, restore
-from runner import checkpointer as checkpointer_module
+from runner.training.checkpointer import MODEL_FILE, STATE_FILE, Checkpointer, restore
+from runner.training import checkpointer as checkpointer_module
 from runner.checkpoint import files
 from runner.checkpoint.rng import capture_rng, restore_rng
 from runner.config import CheckpointConfig, MonitorMode

@@ -12,17 +12,17 @@ import torch
 
 from runner.accelerate.accelerator import Accelerator
 from runner.checkpoint import MANIFEST, damage, find_resume, read_pointer
-from runner.checkpointer import Checkpointer, restore, tensors_are_finite
+from runner.training.checkpointer import Checkpointer, restore, tensors_are_finite
 from runner.checkpoint.files import Layout, block_digests, read_manifest
 from runner.config import CheckpointConfig, MonitorMode, TrainerConfig
 from runner.data.batches import TensorBatches
 from runner.errors import CheckpointError, NonFiniteLoss
-from runner.loggers import NullLogger
-from runner.loop import Loop
-from runner.metrics import Progress
+from runner.training.loggers import NullLogger
+from runner.training.loop import Loop
+from runner.training.metrics import Progress
 from runner.models import MLP
-from runner.plan import BatchPlan
-from runner.tasks import Classification
+from runner.training.batch_plan import BatchPlan
+from runner.training.tasks import Classification
 
 RESOLVED = {"model": {"_target_": "runner.models.MLP", "in_features": 4, "out_features": 3, "hidden": [8]},
             "seed": 0, "resume": None}

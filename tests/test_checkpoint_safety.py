@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from runner.checkpoint import MANIFEST, damage, find_resume, sharded
-from runner.checkpointer import Checkpointer, restore
+from runner.training.checkpointer import Checkpointer, restore
 from runner.checkpoint import safe_dcp
-from runner.checkpointer import read_config
+from runner.training.checkpointer import read_config
 from runner.checkpoint.files import Layout, block_digests, read_manifest
 from runner.config import CheckpointConfig, MonitorMode
 from runner.errors import CheckpointError

@@ -1,4 +1,4 @@
-"""Debug runs (runner/debug.py and the limits in runner/loop.py): debug=fast writes nothing but its log; the batch
+"""Debug runs (runner/training/debug.py and the limits in runner/training/loop.py): debug=fast writes nothing but its log; the batch
 limits; overfit_batches; trainer.deterministic."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from conftest import TINY
 
 from runner.cli import main
 from runner.config import TrainerConfig
-from runner.debug import apply_determinism, overfit_splits
-from runner.loop import planned_steps
-from runner.plan import BatchPlan
+from runner.training.debug import apply_determinism, overfit_splits
+from runner.training.loop import planned_steps
+from runner.training.batch_plan import BatchPlan
 
 
 def test_debug_fast_runs_two_steps_and_leaves_only_its_log(tmp_path, monkeypatch):
@@ -45,7 +45,7 @@ def test_train_batch_limits_count_micro_batches_per_epoch(settings, expected):
 def test_limit_val_batches_evaluates_only_the_first_batches():
     from test_loop import _loop
 
-    from runner.tasks import Classification
+    from runner.training.tasks import Classification
 
     class Counting(Classification):
         batches = 0

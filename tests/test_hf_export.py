@@ -19,7 +19,7 @@ def test_gpt2_hf_run_exports_a_model_from_pretrained_loads_with_the_final_weight
     transformers = pytest.importorskip("transformers")
     from runner.data import make_batches, text_files
     from runner.data.tokenizers import CharLevel
-    from runner.hf_tasks import HuggingFaceCausalLM
+    from runner.training.hf_tasks import HuggingFaceCausalLM
     from runner.sample import load_model
 
     text = tmp_path / "text.txt"

@@ -1,4 +1,4 @@
-"""The sinks (runner/loggers.py), each read back from what it wrote: TensorBoard events, metrics.jsonl, CSV, W&B's
+"""The sinks (runner/training/loggers.py), each read back from what it wrote: TensorBoard events, metrics.jsonl, CSV, W&B's
 offline run files; the main process alone writes."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from conftest import read_jsonl, read_scalars
 
-from runner.loggers import CsvSink, JsonlSink, Loggers, NullLogger, RunInfo, TensorBoardSink, make_logger
+from runner.training.loggers import CsvSink, JsonlSink, Loggers, NullLogger, RunInfo, TensorBoardSink, make_logger
 
 TB = {"_target_": "runner.loggers.TensorBoardSink", "_partial_": True}
 CSV = {"_target_": "runner.loggers.CsvSink", "_partial_": True}
@@ -49,11 +49,11 @@ def test_tensorboard_hands_quick_events_over_in_batches_and_every_one_arrives_wi
         tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    import runner.loggers
+    import runner.training.loggers
 
     sink = TensorBoardSink(tmp_path)
     clock = SimpleNamespace(time=lambda: 1000.0, monotonic=lambda: 50.0)  # the sink's clock, not the writer's
-    monkeypatch.setattr(runner.loggers, "time", clock)
+    monkeypatch.setattr(runner.training.loggers, "time", clock)
     sink.log(1, {"train/loss": 1.0})  # the first event goes over at once: nothing was handed over before
     clock.time = lambda: 2000.0
     for step in range(2, 2 + TensorBoardSink.HAND_OVER_EVENTS - 1):  # quick succession: they wait

@@ -7,12 +7,12 @@ from runner.accelerate.accelerator import Accelerator
 from runner.config import TrainerConfig
 from runner.errors import NonFiniteLoss
 from runner.data.batches import TensorBatches
-from runner.loop import Loop, evaluate, planned_steps
-from runner.plan import BatchPlan
-from runner.loggers import NullLogger
-from runner.metrics import Progress
+from runner.training.loop import Loop, evaluate, planned_steps
+from runner.training.batch_plan import BatchPlan
+from runner.training.loggers import NullLogger
+from runner.training.metrics import Progress
 from runner.models import MLP
-from runner.tasks import Classification
+from runner.training.tasks import Classification
 
 
 class RecordingLogger(NullLogger):

@@ -78,8 +78,8 @@ def test_fsdp_clipping_and_accumulation_agree_with_one_process(fsdp):
 
 
 def test_evaluation_with_fewer_rows_than_processes_or_uneven_shards_gives_one_process_metrics(fsdp):
-    from runner.loop import evaluate
-    from runner.tasks import LanguageModeling
+    from runner.training.loop import evaluate
+    from runner.training.tasks import LanguageModeling
 
     for rows in (1, 3):  # 1: process 1 has no rows at all (it crashed, or hung FSDP's peers, before)
         alone = evaluate(Accelerator("cpu"), fsdp_workers.tiny_gpt(), fsdp_workers.evaluation_batches(rows),

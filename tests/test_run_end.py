@@ -22,7 +22,7 @@ HELPERS = textwrap.dedent('''
     import os
     import signal
 
-    from runner.callbacks import Callback
+    from runner.training.callbacks import Callback
 
 
     class StepTally(Callback):

@@ -69,7 +69,7 @@ def test_a_tampered_state_and_another_process_count_are_refusals_resume_auto_can
     import torch
 
     from runner.checkpoint import files
-    from runner.checkpointer import restore
+    from runner.training.checkpointer import restore
     from runner.errors import ResumeRefused
     from test_checkpoint import MANIFEST, STATE_FILE, NotPlainData, _checkpointer, _objects, _save
 

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from runner.models import MLP, SeqTransformer
-from runner.tasks import Classification, SequenceToSequence
+from runner.training.tasks import Classification, SequenceToSequence
 
 
 def test_classification_loss_and_exact_stats():
@@ -80,7 +80,7 @@ def test_macro_f1_matches_scikit_learn_and_sums_over_batches():
 
 def test_huggingface_tasks_use_the_models_own_loss():
     transformers = pytest.importorskip("transformers")
-    from runner.hf_tasks import HuggingFaceCausalLM
+    from runner.training.hf_tasks import HuggingFaceCausalLM
 
     torch.manual_seed(0)
     config = transformers.GPT2Config(vocab_size=20, n_positions=8, n_embd=16, n_layer=1, n_head=2,

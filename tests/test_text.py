@@ -15,7 +15,7 @@ from runner.data.tokenizers import BytePairEncoding, CharLevel, load_tokenizer
 from runner.data.tokens import TokenBlocks
 from runner.models import GPT
 from runner.sample import SampleSettings, sample
-from runner.tasks import LanguageModeling
+from runner.training.tasks import LanguageModeling
 
 WORDS = ["the cat", "a dog", "my bird", "the fish"]
 VERBS = ["sat on", "ran to", "looked at"]

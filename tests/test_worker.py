@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 def test_machine_1_resuming_machine_0_s_checkpoint_is_an_exact_continuation(tmp_path, caplog):
-    from runner.checkpointer import restore
+    from runner.training.checkpointer import restore
     from runner.worker import as_machine_0
     from test_checkpoint import RESOLVED, _checkpointer, _objects, _save
 

@@ -5,7 +5,7 @@
     accelerator.log({"loss": 0.5}, step=3)
     accelerator.end_training()
 
-The rank is decided once, in init_trackers (only the main process gets a tracker), as runner/metrics.py does.
+The rank is decided once, in init_trackers (only the main process gets a tracker), as runner/training/metrics.py does.
 """
 
 from __future__ import annotations

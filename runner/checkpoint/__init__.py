@@ -1,6 +1,6 @@
 """Layer 3, checkpoints you can trust on disk: atomic writes with a verified manifest, sealing, finding the newest
 intact one and the resume point. No training knowledge: what goes into a checkpoint and which are kept is the
-loop's checkpointer (runner/checkpointer.py), the Accelerator's save_state is runner/accelerate/saved_state.py.
+loop's checkpointer (runner/training/checkpointer.py), the Accelerator's save_state is runner/accelerate/saved_state.py.
 
 `files` owns the on-disk format, `sharded` and `safe_dcp` the DCP layout, `resume` which one to load, `rng` the
 random generators' state, `model_dir` and `hf_export` the exported model folders.

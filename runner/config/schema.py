@@ -288,7 +288,7 @@ class RunConfig:
     """The sinks, one `_partial_` target node each, filled by the config group list `logger=[tensorboard,csv]`
     (conf/logger/: tensorboard, csv, wandb, mlflow); `logger=[]` for none (metrics.jsonl is `logging.jsonl`)."""
     callbacks: Dict[str, Any] = field(default_factory=dict)
-    """Callbacks by name, one target node each (runner/callbacks.py has the hooks), filled by the config group list
+    """Callbacks by name, one target node each (runner/training/callbacks.py has the hooks), filled by the config group list
     `callbacks=[early_stopping,ema]` (conf/callbacks/); a setting as callbacks.early_stopping.patience=5, one of
     your own as +callbacks.mine._target_=mylab.callbacks.Mine."""
     resume: Optional[str] = None
@@ -326,6 +326,6 @@ class RunSpec:
     hardware: Any = None
     """runner.distributed.devices.Hardware: where the run executes (None until the parent resolved it)."""
     batch: Any = None
-    """runner.plan.BatchPlan: the global batch, its share per device and the accumulation."""
+    """runner.training.batch_plan.BatchPlan: the global batch, its share per device and the accumulation."""
     resume_from: Optional[str] = None
     """The verified checkpoint `resume` resolved to in the parent (None: start from scratch)."""

@@ -2,7 +2,7 @@
 
 Every factory returns a `datasets.DatasetDict` with `train` and `validation` splits holding two columns:
 `features` (a fixed-length float32 list) and `label` (a ClassLabel: int64 class index, with the class count and
-names in the schema), which `runner.tasks.Classification` reads by default. The schema is what fills a model's
+names in the schema), which `runner.training.tasks.Classification` reads by default. The schema is what fills a model's
 null `in_features` / `out_features` (runner/data/shapes.py).
 """
 

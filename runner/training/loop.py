@@ -13,11 +13,11 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from runner.callbacks import Callbacks
+from runner.training.callbacks import Callbacks
 from runner.config import NonFinitePolicy, TrainerConfig
 from runner.distributed.dist import all_reduce_sum
 from runner.errors import NonFiniteLoss, Preempted
-from runner.plan import BatchPlan
+from runner.training.batch_plan import BatchPlan
 from runner.distributed.signals import NoStopSignals
 
 log = logging.getLogger(__name__)
@@ -223,7 +223,7 @@ class Loop:
         self.state.batch_in_epoch = 0
 
     def after_step(self, grad_norm: torch.Tensor | None, epoch_ends: bool) -> None:
-        """A step's events after its optimizer step, in the one order callbacks rely on (runner.callbacks.Callback):
+        """A step's events after its optimizer step, in the one order callbacks rely on (runner.training.callbacks.Callback):
         the callbacks' on_step_end, then logging and evaluation, then the checkpoint, then the stop check.
 
         The checkpoint comes after on_step_end so that it holds the callbacks' state with this step counted (an EMA

@@ -1,7 +1,7 @@
 """Debug runs and reproducibility: trainer.overfit_batches, trainer.fast_dev_run, trainer.deterministic.
 
 The limits themselves (limit_train_batches, limit_val_batches, fast_dev_run's step and batch counts) are applied
-where they are counted: runner/loop.py (planned_steps, Loop.evaluate_metrics).
+where they are counted: runner/training/loop.py (planned_steps, Loop.evaluate_metrics).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import logging
 import os
 
 from runner.config import TrainerConfig
-from runner.plan import BatchPlan
+from runner.training.batch_plan import BatchPlan
 
 log = logging.getLogger(__name__)
 

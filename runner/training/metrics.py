@@ -1,5 +1,5 @@
 """What the sinks share (metrics.jsonl rows, flattened hparams, the sweep's HParams session) and the console
-progress bar. The sinks themselves are in runner/loggers.py."""
+progress bar. The sinks themselves are in runner/training/loggers.py."""
 
 from __future__ import annotations
 
