@@ -38,8 +38,8 @@ def recipe_config(corpus: str, steps: int, seed: int, overrides: tuple = ()):
     """The gpt recipe as the CLI composes it (without checkpoints or a progress bar)."""
     from hydra import compose, initialize_config_dir
 
-    from runner.cli import CONFIG_DIR, freeze
-    from runner.resolvers import register_configs
+    from runner.run.compose import CONFIG_DIR, freeze
+    from runner.run.resolvers import register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):

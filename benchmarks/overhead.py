@@ -175,11 +175,11 @@ def to_splits(data):
 
 
 def runner_fit(workload: Workload, steps: int, splits, run_dir: Path) -> dict[str, float]:
-    """Seconds for the runner's own loop on the same work, wired by runner.wiring exactly as a run wires it."""
+    """Seconds for the runner's own loop on the same work, wired by runner.run.wiring exactly as a run wires it."""
     from runner.accelerate.accelerator import Accelerator
     from runner.config import RunConfig, TrainerConfig
     from runner.training.batch_plan import batch_plan
-    from runner.wiring import build_parts, make_loop
+    from runner.run.wiring import build_parts, make_loop
 
     # Schema defaults (log every 10 steps, ...) except: one evaluation, at the end, like the plain arm.
     config = RunConfig(

@@ -127,7 +127,7 @@ def split_command(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from runner.cli import load
+    from runner.run.compose import load
     from runner.distributed.dist import adopt_slurm_tasks
     from runner.errors import RunnerError, no_stray_tracebacks
     from runner.shutdown import skip_collection_at_exit

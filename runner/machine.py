@@ -66,7 +66,7 @@ def write(settings: dict[str, str]) -> Path:
     """Check the settings by composing a run with them (in a scratch config home), then write the file."""
     import tempfile
 
-    from runner.cli import load
+    from runner.run.compose import load
 
     text = render(settings)
     with tempfile.TemporaryDirectory() as scratch:
@@ -88,7 +88,7 @@ def write(settings: dict[str, str]) -> Path:
 
 
 def show() -> str:
-    from runner.cli import load
+    from runner.run.compose import load
 
     path = machine_file()
     where = f"{path}:\n{path.read_text()}" if path.is_file() else f"{path}: not written yet (`python -m runner.machine init`)"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 def describe_run(spec) -> str:
-    """What `spec` (runner.cli.load's RunSpec) would train, per process: the model built on the meta device (no
+    """What `spec` (runner.run.compose.load's RunSpec) would train, per process: the model built on the meta device (no
     data is built, unless the model's sizes come from it), its weights, gradients and optimizer state for the
     parallel setting and precision (runner/accelerate/memory.py), the batch, the steps, and whether it fits the memory of the
     devices present."""
@@ -56,7 +56,7 @@ def describe_run(spec) -> str:
 def main(argv: list[str] | None = None) -> int:
     import sys
 
-    from runner.cli import load
+    from runner.run.compose import load
     from runner.errors import RunnerError
 
     try:

@@ -6,7 +6,7 @@
     runner recipes validate gpt data.train=x.txt  # compose, check, build every target and the data, no training
 
 (`python -m runner.recipes ...` is the same.) validate builds the model on the meta device and one batch's shapes
-through it (runner/validate.py), so a broken `_target_` or a model that does not fit the data fails here with the
+through it (runner/run/validate.py), so a broken `_target_` or a model that does not fit the data fails here with the
 same message as a real run.
 """
 
@@ -68,7 +68,7 @@ def show(name: str, overrides: list[str]) -> str:
     import yaml
     from omegaconf import OmegaConf
 
-    from runner.cli import compose_config, resolve
+    from runner.run.compose import compose_config, resolve
     from runner.config import plain
 
     _named(name)
@@ -93,8 +93,8 @@ def copy(name: str, target: str | None = None) -> Path:
 
 
 def validate(name: str, overrides: list[str]) -> str:
-    from runner.cli import load
-    from runner.validate import validate as check_without_training
+    from runner.run.compose import load
+    from runner.run.validate import validate as check_without_training
 
     _named(name)
     spec = load([f"recipe={name}", *overrides])

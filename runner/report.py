@@ -359,7 +359,7 @@ def _cell(value: Any) -> str:
 @contextmanager
 def _locked(path: Path) -> Iterator[None]:
     """Jobs running in parallel (joblib, SLURM) each refresh the report when they end: one at a time."""
-    from filelock import FileLock  # portable (fcntl is POSIX-only); runner/rundir.py locks run dirs the same way
+    from filelock import FileLock  # portable (fcntl is POSIX-only); runner/run/rundir.py locks run dirs the same way
 
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(path)):

@@ -134,7 +134,7 @@ def check_slurm_request(config: DictConfig) -> None:
     """hydra/launcher=slurm, before anything is submitted: a trial layout the runner cannot run (several tasks or
     nodes per trial), or a request no node of the partition can meet (it would pend forever), ends the sweep now
     in one paragraph."""
-    from runner import slurm
+    from runner.run import slurm
 
     if OmegaConf.select(config, "hydra.launcher._target_") != SLURM_LAUNCHER:
         return

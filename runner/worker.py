@@ -38,7 +38,7 @@ from runner.accelerate.parallel import unused_parameters_hint
 from runner.peers import NoPeers, Peers
 from runner.shutdown import skip_collection_at_exit
 from runner.distributed.signals import stop_during_startup
-from runner.wiring import Parts, build_parts, make_loop
+from runner.run.wiring import Parts, build_parts, make_loop
 
 log = logging.getLogger(__name__)
 

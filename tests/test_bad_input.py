@@ -220,7 +220,7 @@ def test_a_failure_before_training_in_a_new_nested_run_dir_removes_exactly_the_f
 
 
 def test_a_second_run_into_a_busy_run_dir_is_refused_naming_the_holder(user_folder, capsys):
-    from runner.rundir import inspect
+    from runner.run.rundir import inspect
 
     holder = inspect(user_folder / "busy")
     holder.lock()  # what a run in progress holds for its lifetime

@@ -321,7 +321,7 @@ def test_cuda_rng_is_saved_when_cuda_is_in_use(monkeypatch):
 
 
 def test_bad_checkpoint_settings_are_reported_together():
-    from runner.checks import checkpoint_problems
+    from runner.run.checks import checkpoint_problems
     from runner.config import RunConfig
 
     config = RunConfig()

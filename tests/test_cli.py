@@ -155,7 +155,8 @@ def test_main_returns_the_monitored_metric_for_sweepers(tmp_path):
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import open_dict
 
-    from runner.cli import CONFIG_DIR, run_task
+    from runner.run.compose import CONFIG_DIR
+    from runner.cli import run_task
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = compose("config", overrides=[*TINY, "trainer.max_steps=2", "trainer.monitor=val/loss"],

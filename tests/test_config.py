@@ -11,9 +11,9 @@ import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from runner.cli import CONFIG_DIR, freeze
+from runner.run.compose import CONFIG_DIR, freeze
 from runner.config import HardwareKind, PrecisionKind, RunConfig, plain
-from runner.resolvers import register_configs
+from runner.run.resolvers import register_configs
 
 register_configs()
 
@@ -139,14 +139,14 @@ def test_every_recipe_documents_itself(recipe):
 
 def _compose_as_a_run(*overrides: str):
     """Composed as `python -m runner` composes it: a group swapped on the command line drops the recipe's keys."""
-    from runner.cli import apply_group_swaps
+    from runner.run.compose import apply_group_swaps
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         return apply_group_swaps(compose("config", overrides=list(overrides), return_hydra_config=True))
 
 
 def test_scheduler_none_on_the_default_recipe_is_a_constant_rate_and_the_log_names_the_dropped_keys(caplog):
-    from runner.checks import check
+    from runner.run.checks import check
     from runner.distributed.devices import resolve_hardware
 
     with caplog.at_level(logging.INFO, logger="runner"):

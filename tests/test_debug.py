@@ -21,7 +21,7 @@ def test_debug_fast_runs_two_steps_and_leaves_only_its_log(tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     main([*TINY, "debug=fast", "logger=[tensorboard,csv]", "callbacks=[ema]"])
     (run_dir,) = [path.parent for path in (tmp_path / "outputs").rglob("runner.log")]
-    # The lock file is how any run holds its dir (runner/rundir.py); it is empty.
+    # The lock file is how any run holds its dir (runner/run/rundir.py); it is empty.
     assert sorted(path.name for path in run_dir.iterdir()) == [".runner.lock", "runner.log"]
     text = (run_dir / "runner.log").read_text()
     assert "fast_dev_run: 2 train and 2 eval batch(es); no checkpoints, exports, metrics files or loggers" in text

@@ -108,7 +108,7 @@ def test_evaluation_shards_are_exact_and_unpadded():
 def test_torchrun_ranks_agree_on_a_run_id_and_get_their_own_log_name(monkeypatch):
     from omegaconf import OmegaConf
 
-    from runner.resolvers import register_configs
+    from runner.run.resolvers import register_configs
     from runner.distributed.dist import external_run_id
 
     register_configs()

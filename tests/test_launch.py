@@ -8,7 +8,7 @@ import signal
 from types import SimpleNamespace
 
 import pytest
-from runner.checks import launch_problems
+from runner.run.checks import launch_problems
 from runner.config import HardwareConfig, HardwareKind, RunConfig, RunSpec, StartMethod
 from runner.errors import ConfigError, DataError
 from runner.failures import PeerLost, RankFailed, RootCause, mark_step, root_cause, worker_failure

@@ -27,6 +27,7 @@ LAYERS = {
     "runner.data": 5,
     "runner.models": 5,
     "runner.training": 6,
+    "runner.run": 7,
     # the names recipes write, forwarding to runner/training/ (`_target_: runner.callbacks.EarlyStopping`)
     "runner.callbacks": 6,
     "runner.loggers": 6,
@@ -122,6 +123,6 @@ def test_public_names_need_no_hydra_nor_the_loop():
             "print('\\n'.join(sorted(sys.modules)))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     forbidden = ("hydra", "runner.training.loop", "runner.launch", "runner.agent", "runner.worker", "runner.cli",
-                 "runner.wiring", "runner.sweep", "runner.commands", "runner.training", "runner.run")
+                 "runner.run.wiring", "runner.sweep", "runner.commands", "runner.training", "runner.run")
     pulled = [name for name in loaded if any(name == word or name.startswith(word + ".") for word in forbidden)]
     assert not pulled, f"`from runner import Accelerator` imports {pulled}"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from runner import machine
-from runner.cli import load
+from runner.run.compose import load
 from runner.errors import ConfigError
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runner.cli import load
+from runner.run.compose import load
 from runner.cli import main as cli_main
 from runner.config import ParallelConfig, ParallelKind, PrecisionKind
 from runner.accelerate.memory import human, memory_plan

@@ -15,8 +15,8 @@ import fsdp_workers
 from dist_workers import launch
 from tolerances import reordered_sum_bound
 from runner.accelerate.accelerator import Accelerator
-from runner.checks import check
-from runner.cli import load
+from runner.run.checks import check
+from runner.run.compose import load
 from runner.config import ActivationCheckpointingConfig, CompileConfig, ParallelConfig, ParallelKind, PrecisionKind
 from runner.errors import ConfigError
 from runner.accelerate.memory import memory_plan

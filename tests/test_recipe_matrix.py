@@ -18,8 +18,8 @@ import yaml
 from hydra import compose, initialize_config_dir
 
 import matrix_data
-from runner import validate as validate_module
-from runner.cli import CONFIG_DIR, TARGET_GROUPS, apply_group_swaps, freeze, with_recipe
+from runner.run import validate as validate_module
+from runner.run.compose import CONFIG_DIR, TARGET_GROUPS, apply_group_swaps, freeze, with_recipe
 from runner.distributed.devices import resolve_hardware
 from runner.errors import RunnerError
 

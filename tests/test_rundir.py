@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runner import rundir
+from runner.run import rundir
 
 
 def test_a_failed_start_removes_the_new_run_dir_but_keeps_the_named_log(tmp_path):

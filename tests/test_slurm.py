@@ -15,9 +15,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from runner import slurm
-from runner.cli import CONFIG_DIR
-from runner.resolvers import register_configs
+from runner.run import slurm
+from runner.run.compose import CONFIG_DIR
+from runner.run.resolvers import register_configs
 from runner.errors import LaunchError
 from runner.sweep import check_slurm_request
 

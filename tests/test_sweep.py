@@ -155,7 +155,7 @@ def test_slurm_launcher_and_search_compose(cli):
 def test_search_direction_follows_the_monitor_mode(mode, direction):
     from hydra import compose, initialize_config_dir
 
-    from runner.cli import CONFIG_DIR
+    from runner.run.compose import CONFIG_DIR
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = compose("config", overrides=["hparams_search=lr_width", f"trainer.monitor_mode={mode}"],

@@ -31,7 +31,7 @@ from runner.errors import ConfigError, Problem
 log = logging.getLogger(__name__)
 
 # precision -> FSDP's MixedPrecisionPolicy dtypes (compute, gradient reduction); fp32 needs no policy. fp16 and fp8
-# are refused with FSDP by runner/checks.py.
+# are refused with FSDP by runner/run/checks.py.
 FSDP_PRECISION = {PrecisionKind.bf16: (torch.bfloat16, torch.float32)}
 
 

@@ -1,4 +1,4 @@
-"""The config schema: the single source of defaults (registered with Hydra's ConfigStore by runner/resolvers.py).
+"""The config schema: the single source of defaults (registered with Hydra's ConfigStore by runner/run/resolvers.py).
 
 Hydra composes `conf/config.yaml` on top of `RunConfig`, so a misspelled key or a bad Enum value fails at
 composition with its full key and the valid values. Below the CLI, code sees only these dataclasses (frozen with

@@ -45,7 +45,7 @@ def batch_problems(trainer: TrainerConfig, processes: int) -> list[Problem]:
     hold one optimizer step, with what would work."""
     problems = _sharing_problems(trainer, processes)
     limit = trainer.limit_train_batches
-    if problems or limit is None or limit < 1:  # below 1: runner/checks.py says it must be positive
+    if problems or limit is None or limit < 1:  # below 1: runner/run/checks.py says it must be positive
         return problems
     accumulation = _plan(trainer, processes).accumulation
     if limit < accumulation:

@@ -56,7 +56,7 @@ class Task:
     def check_fit(self, model: nn.Module, batch: dict[str, torch.Tensor], model_node: dict) -> None:
         """One batch through the model before training: a model that cannot take the data, or fewer outputs than
         the data has classes, fails here with the model key to change, not as a traceback at the first step.
-        A model on the meta device (runner.validate) gets the batch there too: shapes only, no arithmetic."""
+        A model on the meta device (runner.run.validate) gets the batch there too: shapes only, no arithmetic."""
         for role, key in (("input_key", self.input_key), ("target_key", self.target_key)):
             if key not in batch:
                 raise ConfigError(f"task.{role}", f"'{key}' is not a column of the data's batches; they hold "

@@ -1,7 +1,7 @@
 """The schema's registration with Hydra's ConfigStore and the runner's OmegaConf resolvers.
 
 Unlayered for now (tests/test_layers.py): two resolvers read the launcher's environment (runner.distributed) and
-one asks runner.slurm, so this belongs with composing a run (run/, DESIGN.md), not in config/ below them."""
+one asks runner.run.slurm, so this belongs with composing a run (run/, DESIGN.md), not in config/ below them."""
 
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ def register_configs() -> None:
 
 
 def _slurm_request(what: str, kind: Any, num_processes: Any, threads_per_process: Any) -> Any:
-    """conf/hydra/launcher/slurm.yaml: a trial's CPUs, memory and GPUs from the hardware group (runner/slurm.py)."""
-    from runner.slurm import slurm_request
+    """conf/hydra/launcher/slurm.yaml: a trial's CPUs, memory and GPUs from the hardware group (runner/run/slurm.py)."""
+    from runner.run.slurm import slurm_request
 
     return slurm_request(what, kind, num_processes, threads_per_process)
 

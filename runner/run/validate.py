@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from runner.config.instantiate import build_data, build_model, build_optimizer, build_scheduler, build_task
-from runner.checks import check
+from runner.run.checks import check
 from runner.config import RunConfig
 from runner.data.batches import make_batches
 from runner.data.shapes import fill_from_data, sizes_wanted
