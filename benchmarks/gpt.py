@@ -9,7 +9,7 @@ batch 12, AdamW 1e-3 with betas (0.9, 0.99) and weight decay 0.1, 100 warm-up st
 gradients clipped at 1.0), from the same initial weights (seed), on the same token files (the recipe's character
 tokenizer, the last 10% of lines held out), evaluating the whole validation split every 250 steps and at the end:
 
-- runner: `runner.worker.train` on the composed recipe (what `python -m runner recipe=gpt` runs after composing,
+- runner: `runner.launch.worker.train` on the composed recipe (what `python -m runner recipe=gpt` runs after composing,
   minus checkpoints): the real Loop, Accelerator, batch source, task and TensorBoard/JSONL logging;
 - plain: nanoGPT's train.py reduced to this case: `torch.randint` block offsets and `torch.stack` of slices per
   batch, forward, cross-entropy, backward, clip, step, the same schedule written out by hand.
@@ -56,7 +56,7 @@ def runner_arm(corpus: str, steps: int, seed: int, run_dir: Path) -> dict:
     from runner.config.instantiate import build_data
     from runner.distributed.devices import resolve_hardware
     from runner.training.batch_plan import batch_plan
-    from runner.worker import train
+    from runner.launch.worker import train
 
     spec = recipe_config(corpus, steps, seed)
     build_data(spec.config.data)  # tokenise (or read the cache) before the clock starts

@@ -12,7 +12,7 @@ from runner.distributed.signals import stop_from_process_start
 def main(entry: str = "main") -> None:
     try:
         stop_from_process_start()  # inside: a signal may land between two of the handlers it installs
-        from runner import cli
+        from runner.commands import cli
 
         getattr(cli, entry)()
     except Preempted as stop:

@@ -43,7 +43,7 @@ def isolated_hf_cache(tmp_path_factory):
     """Generated datasets are cached per test session, never in the user's ~/.cache."""
     cache = tmp_path_factory.mktemp("hf_datasets_cache")
     os.environ["HF_DATASETS_CACHE"] = str(cache)
-    # This machine's own defaults (python -m runner.machine) must not leak into the tests: an empty config home.
+    # This machine's own defaults (python -m runner machine) must not leak into the tests: an empty config home.
     os.environ["RUNNER_CONFIG_HOME"] = str(tmp_path_factory.mktemp("runner_config_home"))
     os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
     # One thread per subprocess: the tests start many (2 ranks, a CLI run beside the test's own) on a few cores,
@@ -107,11 +107,11 @@ def run_cli(*overrides: str, cwd: Path, env: dict | None = None, timeout: float 
 
 
 def run_in_process(*overrides: str, cwd: Path, capsys) -> CliResult:
-    """runner.cli.main(OVERRIDES) in this process, in cwd, as `python -m runner OVERRIDES` would run there (the
+    """runner.commands.cli.main(OVERRIDES) in this process, in cwd, as `python -m runner OVERRIDES` would run there (the
     working directory importable), without the seconds a new process spends importing torch, Hydra and datasets.
     What it printed and logged is captured by capsys; a SystemExit's code is the returncode, as it would be the
     process's exit status. For what only a process shows (a signal, several ranks, start-up) use run_cli."""
-    from runner.cli import main
+    from runner.commands.cli import main
 
     cwd = Path(cwd)
     code = 0

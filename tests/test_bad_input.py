@@ -1,7 +1,7 @@
 """Bad input, catalogued: each case ends in one `runner: error:` paragraph that names the key to change, exit code 1,
 no traceback, and every file that was there before is byte-identical and nothing is left behind.
 
-The cases run `runner.cli.main` in this process (composition, checks and building fail in well under a second
+The cases run `runner.commands.cli.main` in this process (composition, checks and building fail in well under a second
 each); a few run the real command in a subprocess for the exit code and the console as a user sees them.
 """
 
@@ -17,7 +17,7 @@ import pytest
 
 from conftest import TINY, WAIT_S, run_cli
 
-from runner.cli import main
+from runner.commands.cli import main
 
 NOTEBOOK = "analysis.ipynb"  # a user's own file next to where they run the command
 

@@ -118,7 +118,7 @@ def test_data_path_and_startup_sections(results):
         assert stats["ratio"]["median"] > 0
     # The worker starts after the process does and before the first optimizer step.
     assert 0 < startup["runner_to_worker_s"]["median"] < startup["runner_s"]["median"]
-    # Every process outlives its last write, and the runner's exit skips the collector (runner/shutdown.py).
+    # Every process outlives its last write, and the runner's exit skips the collector (runner/launch/shutdown.py).
     assert 0 < startup["runner_exit_s"]["median"] < startup["runner_s"]["median"]
     assert 0 < startup["plain_with_libraries_exit_s"]["median"]
 

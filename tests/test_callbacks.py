@@ -16,7 +16,7 @@ import torch
 from conftest import TINY, read_scalars
 
 from runner.training.callbacks import EarlyStopping
-from runner.cli import main
+from runner.commands.cli import main
 
 USER_CALLBACK = textwrap.dedent('''
     from runner.training.callbacks import Callback

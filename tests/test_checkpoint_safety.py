@@ -131,7 +131,7 @@ def test_a_python_tag_in_a_checkpoints_config_yaml_is_one_message_and_runs_nothi
         read_config(config)
     with pytest.raises(CheckpointError, match=expected):  # read when the config changed since the checkpoint
         restore(config.parent, *_objects(seed=1), world_size=1, resolved={**RESOLVED, "seed": 1})
-    from runner.sample import load_model
+    from runner.commands.sample import load_model
 
     with pytest.raises(CheckpointError, match=expected):
         load_model(config.parent / "model.safetensors", config)

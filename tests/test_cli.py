@@ -1,5 +1,5 @@
 """End-to-end: the CLI's main() with a command line's overrides, asserting on the run dir it leaves. Runs go
-through runner.cli.main in this process (what `python -m runner` calls after its stop-signal handler), which spares
+through runner.commands.cli.main in this process (what `python -m runner` calls after its stop-signal handler), which spares
 each case the seconds of importing torch, Hydra and datasets in a new process; what only a process shows is run as
 one: a run from another working directory by `python -m runner`, and the heap left to the OS at exit."""
 
@@ -156,7 +156,7 @@ def test_main_returns_the_monitored_metric_for_sweepers(tmp_path):
     from omegaconf import open_dict
 
     from runner.run.compose import CONFIG_DIR
-    from runner.cli import run_task
+    from runner.commands.cli import run_task
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = compose("config", overrides=[*TINY, "trainer.max_steps=2", "trainer.monitor=val/loss"],
@@ -173,14 +173,14 @@ def test_main_returns_the_monitored_metric_for_sweepers(tmp_path):
 
 def test_a_run_leaves_its_heap_to_the_os_at_exit(tmp_path):
     """After a run the process exits without the garbage collector's pass over everything torch, datasets and Hydra
-    built (runner/shutdown.py: 1.1 s of every run's end): the heap is frozen when exit handlers run. The probe's
+    built (runner/launch/shutdown.py: 1.1 s of every run's end): the heap is frozen when exit handlers run. The probe's
     handler is registered before the run's, so it runs after it (atexit is last-in, first-out)."""
     import subprocess
     import sys
 
     probe = ("import atexit, gc, sys\n"
              "atexit.register(lambda: print('frozen at exit', gc.get_freeze_count()))\n"
-             "from runner.cli import main\n"
+             "from runner.commands.cli import main\n"
              "main(sys.argv[1:])\n")
     done = subprocess.run([sys.executable, "-c", probe, *TINY, "trainer.max_steps=1", f"hydra.run.dir={tmp_path}/run"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)

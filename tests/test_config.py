@@ -188,7 +188,7 @@ USER_RECIPE = "# @package _global_\n{defaults}model:\n  _target_: mylab.Wide\n  
 
 
 def test_a_user_model_under_the_default_model_group_is_told_where_the_key_comes_from(tmp_path, monkeypatch, capsys):
-    from runner.cli import main
+    from runner.commands.cli import main
 
     (tmp_path / "mylab").mkdir()
     (tmp_path / "mylab" / "__init__.py").write_text(USER_MODEL)

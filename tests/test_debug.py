@@ -10,7 +10,7 @@ import torch
 
 from conftest import TINY
 
-from runner.cli import main
+from runner.commands.cli import main
 from runner.config import TrainerConfig
 from runner.training.debug import apply_determinism, overfit_splits
 from runner.training.loop import planned_steps

@@ -136,8 +136,8 @@ def _shorten(code: str, mode: str) -> str:
 # Prepended to a bash block in mode cfg: `python -m runner ... --cfg job` and `runner ... --cfg job` are not started
 # as processes (each would spend seconds importing torch and Hydra to print a config) but recorded, one file per
 # command holding its arguments as bash expanded them (NUL-separated), and composed after the block in this process
-# by runner.cli.main, the function both commands call. Every other line (a sweep, `runner plan`, `python -m
-# runner.env`, torchrun) runs as written.
+# by runner.commands.cli.main, the function both commands call. Every other line (a sweep, `runner plan`, `python -m
+# runner.commands.env`, torchrun) runs as written.
 RECORD_COMPOSE = r'''
 _runner_compose_record() {
     _runner_compose_n=$(( ${_runner_compose_n:-0} + 1 ))
@@ -157,12 +157,12 @@ runner() {
 
 
 def _compose_recorded(folder: Path, cwd: Path, env: dict, where: str) -> int:
-    """Each recorded `--cfg job` command through runner.cli.main, in cwd with the environment the block started
+    """Each recorded `--cfg job` command through runner.commands.cli.main, in cwd with the environment the block started
     with (no cfg block exports a variable of its own), as the process would have run it; a command that fails
     fails the test with its output. Returns how many ran."""
     from hydra.core.global_hydra import GlobalHydra
 
-    from runner.cli import main
+    from runner.commands.cli import main
 
     commands = [path.read_bytes().decode().split("\0")[:-1] for path in sorted(folder.iterdir())]
     for argv in commands:
@@ -189,7 +189,7 @@ def _compose_recorded(folder: Path, cwd: Path, env: dict, where: str) -> int:
 def test_block_runs(where, language, code, kind, option, tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    env["RUNNER_CONFIG_HOME"] = str(tmp_path / "config-home")  # runner.machine writes there, not into ~/.config
+    env["RUNNER_CONFIG_HOME"] = str(tmp_path / "config-home")  # runner.commands.machine writes there, not into ~/.config
     options = dict(word.partition("=")[::2] for word in option.split())
     if "fast" in options or "cfg" in options:
         code = _shorten(code, "fast" if "fast" in options else "cfg")
@@ -214,7 +214,7 @@ def test_block_runs(where, language, code, kind, option, tmp_path):
 
 
 def test_the_recipe_runs_as_written_from_a_users_project(tmp_path, capsys):
-    """docs/recipes.md's own recipe, with a model and a table of the shapes it names; run by runner.cli.main in this
+    """docs/recipes.md's own recipe, with a model and a table of the shapes it names; run by runner.commands.cli.main in this
     process as `python -m runner` runs it in the user's project (its folder importable)."""
     pandas = pytest.importorskip("pandas")
     import numpy as np
@@ -291,11 +291,20 @@ def test_the_hardware_table_lists_every_hardware_choice():
 
 
 def test_every_python_m_command_named_in_the_readme_and_pages_exists():
-    """`python -m runner.X` in the commands table and on the pages names a module users can run."""
+    """`python -m runner.X` and `python -m runner WORD` in the commands table and on the pages name a module users
+    can run and a command the runner has."""
     import importlib.util
+
+    from runner.commands.cli import COMMANDS
 
     text = (ROOT / "README.md").read_text() + "".join(page.read_text() for page in DOCS.glob("*.md"))
     modules = set(re.findall(r"python -m (runner(?:\.\w+)+)", text))
-    assert {"runner.launch", "runner.machine", "runner.sample", "runner.env"} <= modules
-    missing = [name for name in sorted(modules) if importlib.util.find_spec(name) is None]
+    assert "runner.launch" in modules
+    # A package runs under -m only with a __main__ module.
+    missing = [name for name in sorted(modules) if importlib.util.find_spec(name) is None
+               or (importlib.util.find_spec(name).submodule_search_locations is not None
+                   and importlib.util.find_spec(name + ".__main__") is None)]
     assert not missing, f"commands the docs name that do not exist: {missing}"
+    words = set(re.findall(r"python -m runner ([a-z]+)(?=[\s`|])", text))
+    assert {"machine", "sample", "env", "plan", "recipes"} <= words
+    assert words <= set(COMMANDS), f"commands the docs name that do not exist: {sorted(words - set(COMMANDS))}"

@@ -1,4 +1,4 @@
-"""`python -m runner.env`: the bug-report environment summary, on this machine and with stand-in GPUs."""
+"""`python -m runner env`: the bug-report environment summary, on this machine and with stand-in GPUs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import types
 import torch
 import torch.distributed as torch_dist
 
-from runner import env
+from runner.commands import env
 
 
 def test_report_on_this_machine_names_versions_and_devices():
@@ -41,8 +41,8 @@ def test_report_lists_each_gpu_with_bf16_and_fp8_support(monkeypatch):
 
 
 def test_python_m_runner_env_prints_lines_and_json():
-    lines = subprocess.run([sys.executable, "-m", "runner.env"], capture_output=True, text=True, check=True).stdout
+    lines = subprocess.run([sys.executable, "-m", "runner", "env"], capture_output=True, text=True, check=True).stdout
     assert any(line.startswith("version torch") for line in lines.splitlines())
-    as_json = subprocess.run([sys.executable, "-m", "runner.env", "--json"], capture_output=True, text=True, check=True)
+    as_json = subprocess.run([sys.executable, "-m", "runner", "env", "--json"], capture_output=True, text=True, check=True)
     report = json.loads(as_json.stdout)
     assert report["python"] == sys.version.split()[0] and "tpu (torch_xla)" in report

@@ -140,7 +140,7 @@ def test_a_sigterm_between_preflight_and_the_worker_is_reported_too(tmp_path):
     """The signal lands after preflight wrote config.yaml and before the worker installs its own handler (the
     moment the test above waits for): still exit 75 and one line, never the default action's silent death."""
     probe = ("import os, signal, sys\n"
-             "import runner.cli as cli\n"
+             "import runner.commands.cli as cli\n"
              "cli.launch = lambda spec: os.kill(os.getpid(), signal.SIGTERM) or {}\n"
              "cli.main(sys.argv[1:])\n")
     done = subprocess.run([sys.executable, "-c", probe, *SMALL, f"hydra.run.dir={tmp_path}/run"], cwd=tmp_path,

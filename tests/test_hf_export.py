@@ -20,7 +20,7 @@ def test_gpt2_hf_run_exports_a_model_from_pretrained_loads_with_the_final_weight
     from runner.data import make_batches, text_files
     from runner.data.tokenizers import CharLevel
     from runner.training.hf_tasks import HuggingFaceCausalLM
-    from runner.sample import load_model
+    from runner.commands.sample import load_model
 
     text = tmp_path / "text.txt"
     text.write_text(corpus(300))
@@ -35,7 +35,7 @@ def test_gpt2_hf_run_exports_a_model_from_pretrained_loads_with_the_final_weight
     loaded = transformers.AutoModelForCausalLM.from_pretrained(str(export)).eval()
     assert isinstance(loaded, transformers.GPT2LMHeadModel)
     assert (loaded.config.n_layer, loaded.config.n_embd, loaded.config.n_positions) == (1, 32, 16)
-    # The runner's own final weights, rebuilt the way runner.sample does: the same model as the HF export.
+    # The runner's own final weights, rebuilt the way runner.commands.sample does: the same model as the HF export.
     final = load_model(run_dir / "export" / "final.safetensors", run_dir / "export" / "config.yaml")
     last_checkpoint = load_file(run_dir / "checkpoints" / "step_00000003" / "model.safetensors")
     exported = loaded.state_dict()

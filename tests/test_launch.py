@@ -1,4 +1,4 @@
-"""runner.launch, runner.failures and the launch checks, without starting processes (the CLI tests start them)."""
+"""runner.launch.launcher (`python -m runner.launch`), runner.launch.failures and the launch checks, without starting processes (the CLI tests start them)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pytest
 from runner.run.checks import launch_problems
 from runner.config import HardwareConfig, HardwareKind, RunConfig, RunSpec, StartMethod
 from runner.errors import ConfigError, DataError
-from runner.failures import PeerLost, RankFailed, RootCause, mark_step, root_cause, worker_failure
+from runner.launch.failures import PeerLost, RankFailed, RootCause, mark_step, root_cause, worker_failure
 from runner.distributed.devices import resolve_hardware
 from runner.distributed.dist import started_by_external_launcher
-from runner.agent import launch_config, leave_loky_start_method, omp_threads_for_workers
+from runner.launch.agent import launch_config, leave_loky_start_method, omp_threads_for_workers
 
 
 def _hardware(**fields) -> HardwareConfig:
@@ -175,12 +175,12 @@ def test_a_rank_that_refuses_its_checkpoint_is_reported_as_one_resume_auto_canno
 
 
 def test_a_torchrun_restart_sharing_its_store_is_warned_about(monkeypatch, caplog):
-    from runner.launch import warn_shared_store_on_restart
+    from runner.launch.launcher import warn_shared_store_on_restart
 
     monkeypatch.setenv("RANK", "0")
     monkeypatch.delenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", raising=False)
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
-    with caplog.at_level("WARNING", logger="runner.launch"):
+    with caplog.at_level("WARNING", logger="runner.launch.launcher"):
         warn_shared_store_on_restart()  # the first attempt: nothing to say
         assert caplog.text == ""
         monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
@@ -193,7 +193,7 @@ def test_a_torchrun_restart_sharing_its_store_is_warned_about(monkeypatch, caplo
 
 
 def test_a_restart_names_the_failed_rank_its_error_s_last_line_and_the_step_it_continues_from():
-    from runner.failures import restart_line
+    from runner.launch.failures import restart_line
 
     failed = worker_failure(1, _raise(ValueError("injected failure at training forward 6")))
     lost = "PeerLost: rank 0 stopped after 5 optimizer step(s): it lost a peer (RuntimeError: Connection closed by peer)"

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from conftest import ROOT, read_jsonl, run_cli, run_dirs_under, wait_for
-from runner.agent import _alive
-from runner.launch import script_failure, split_command
+from runner.launch.agent import _alive
+from runner.launch.launcher import script_failure, split_command
 from tolerances import reordered_sum_bound
 
 SCRIPT = ROOT / "tests" / "scripts" / "handwritten_train.py"
@@ -170,7 +170,7 @@ def test_a_rank_that_crashes_once_is_restarted_and_the_run_ends_as_if_it_never_h
 
 
 def test_a_run_restarted_by_torchrun_resumes_instead_of_refusing_its_own_checkpoints(tmp_path, monkeypatch):
-    from runner.cli import main
+    from runner.commands.cli import main
 
     monkeypatch.chdir(tmp_path)
     main([*SMALL, "trainer.max_steps=2", "hydra.run.dir=run"])
@@ -208,7 +208,7 @@ def test_kill_9_of_the_launcher_leaves_no_rank_of_the_script_alive(tmp_path):
 
 
 def test_rank_exec_refuses_to_start_a_rank_whose_launcher_is_already_gone(tmp_path):
-    done = _run("-m", "runner.rank_exec", "1", "-c", "print('started')", cwd=tmp_path)  # pid 1 is not our parent
+    done = _run("-m", "runner.launch.rank_exec", "1", "-c", "print('started')", cwd=tmp_path)  # pid 1 is not our parent
     assert done.returncode == 1
     assert "started" not in done.stdout
     assert "the launcher (pid 1) is gone; not starting -c" in done.stderr

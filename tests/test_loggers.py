@@ -124,7 +124,7 @@ def test_a_sink_that_fails_to_build_closes_the_ones_built_before_it(tmp_path, mo
 
 def test_a_metrics_file_cut_short_by_a_kill_is_read_and_resumed_without_error(tmp_path):
     """kill -9 while a row was being written leaves half a line: resuming drops it, the report skips it."""
-    from runner.report import read_metrics
+    from runner.sweep.report import read_metrics
 
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 10, "train/loss": 1.5}\n{"step": 20, "val/accuracy": 0.5}\n{"step": 30, "train/lo')

@@ -1,11 +1,11 @@
-"""Per-machine defaults (`python -m runner.machine`): written from flags or answers, checked before they are
+"""Per-machine defaults (`python -m runner machine`): written from flags or answers, checked before they are
 written, shown, and honoured by `python -m runner` and `python -m runner.launch` alike."""
 
 from __future__ import annotations
 
 import pytest
 
-from runner import machine
+from runner.commands import machine
 from runner.run.compose import load
 from runner.errors import ConfigError
 

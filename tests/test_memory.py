@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from runner.run.compose import load
-from runner.cli import main as cli_main
+from runner.commands.cli import main as cli_main
 from runner.config import ParallelConfig, ParallelKind, PrecisionKind
 from runner.accelerate.memory import human, memory_plan
 from runner.models import GPT
-from runner.plan import describe_run, main
+from runner.commands.plan import describe_run, main
 
 
 def tiny_gpt() -> GPT:

@@ -1,9 +1,9 @@
-"""The ranks' bookkeeping (runner/peers.py): how long a silent peer is waited for before it counts as gone."""
+"""The ranks' bookkeeping (runner/launch/peers.py): how long a silent peer is waited for before it counts as gone."""
 
 from __future__ import annotations
 
-from runner import peers as peers_module
-from runner.peers import Peers, stale_after
+from runner.launch import peers as peers_module
+from runner.launch.peers import Peers, stale_after
 
 
 class DictStore:

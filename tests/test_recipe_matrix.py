@@ -51,7 +51,7 @@ def outcomes(folder: Path) -> dict[tuple[str, str, str], RunnerError | None]:
                     overrides = [f"recipe={recipe}", f"{group}={option}",
                                  *matrix_data.overrides(recipe, group, option, files)]
                     try:
-                        # As a run composes it: a swapped group drops the recipe's keys for it (runner.cli).
+                        # As a run composes it: a swapped group drops the recipe's keys for it (runner.commands.cli).
                         cfg = apply_group_swaps(compose("config", overrides=overrides, return_hydra_config=True))
                         spec = freeze(cfg, folder / "run")
                         hardware = resolve_hardware(spec.config.hardware, spec.config.gpu_ids)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runner import recipes
+from runner.commands import recipes
 
 BROKEN = "# @package _global_\n# A typo in a target.\nmodel:\n  _target_: runner.models.SeqTransformr\n"
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from runner import report
-from runner.report import JobResult, JobStatus
+from runner.sweep import report
+from runner.sweep.report import JobResult, JobStatus
 
 
 def make_job(sweep: Path, job: int, overrides: list[str], *, losses: list[float] | None = None,

@@ -31,7 +31,7 @@ def _failed_run(tmp_path, monkeypatch, err, capsys) -> str:
     import pytest
 
     import runner.checkpoint
-    from runner import cli
+    from runner.commands import cli
 
     run_dir = rundir.inspect(tmp_path / "run")
     (run_dir.path / "metrics.jsonl").write_text("")
@@ -48,7 +48,7 @@ def test_a_refusal_resume_auto_would_repeat_does_not_suggest_resume_auto(tmp_pat
     refused = ResumeRefused("resume: step_8 was written by a run with 2 process(es) and this run has 1")
     printed = _failed_run(tmp_path, monkeypatch, refused, capsys)
     assert printed == (f"runner: error: {refused}; the last complete checkpoint is step 8, in {tmp_path / 'run'}\n")
-    # The same refusal on a rank of a multi-process run reaches the CLI as a LaunchError (runner/launch.py).
+    # The same refusal on a rank of a multi-process run reaches the CLI as a LaunchError (runner/launch/launcher.py).
     relayed = LaunchError(f"{refused} (rank 1, before the first optimizer step)")
     relayed.resume_helps = False
     assert "resume=auto" not in _failed_run(tmp_path / "b", monkeypatch, relayed, capsys)

@@ -19,7 +19,7 @@ from runner.run import slurm
 from runner.run.compose import CONFIG_DIR
 from runner.run.resolvers import register_configs
 from runner.errors import LaunchError
-from runner.sweep import check_slurm_request
+from runner.sweep.callback import check_slurm_request
 
 register_configs()
 

@@ -148,7 +148,7 @@ def test_slurm_launcher_and_search_compose(cli):
     assert sweeper["storage"] == "sqlite:///outputs/optuna/${hydra.sweeper.study_name}.db"
     assert sweeper["params"] == {"optimizer.lr": "tag(log, interval(1.0e-4, 1.0e-2))",
                                  "model.d_model": "choice(32, 64, 128)"}
-    assert hydra_cfg["callbacks"]["sweep_report"]["_target_"] == "runner.sweep.SweepReport"
+    assert hydra_cfg["callbacks"]["sweep_report"]["_target_"] == "runner.sweep.callback.SweepReport"
 
 
 @pytest.mark.parametrize(("mode", "direction"), [("max", "maximize"), ("min", "minimize")])
@@ -170,7 +170,7 @@ def test_a_search_under_torchrun_is_refused(tmp_path):
     assert result.returncode != 0
     message = "runner: error: hydra.sweeper: a search (OptunaSweeper) cannot run under torchrun"
     # Each rank refuses before sampling anything; the first to exit makes torchrun SIGTERM the other, which may not
-    # have printed yet (more so since a runner process exits at once, runner/shutdown.py).
+    # have printed yet (more so since a runner process exits at once, runner/launch/shutdown.py).
     assert result.output.count(message) >= 1, result.output
     assert "each rank would sample its own hyperparameters" in result.output
     written = sorted(str(path.relative_to(tmp_path)) for path in (tmp_path / "outputs").rglob("*"))
@@ -194,7 +194,7 @@ def test_a_rank_that_fails_marks_the_job_failed_though_rank_0_completed(tmp_path
     from hydra.core.utils import JobReturn, JobStatus
     from hydra.types import RunMode
 
-    from runner.sweep import SweepReport
+    from runner.sweep.callback import SweepReport
 
     config = _job_config(tmp_path, 0)
     config.hydra.mode = RunMode.MULTIRUN

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from conftest import run_dirs_under
 
-from runner.cli import main
+from runner.commands.cli import main
 from runner.data import local_files
 from runner.data.shapes import Standardize, data_sizes, fill_from_data, fit_statistics
 from runner.errors import ConfigError

@@ -14,7 +14,7 @@ from runner.data import make_batches, text_files
 from runner.data.tokenizers import BytePairEncoding, CharLevel, load_tokenizer
 from runner.data.tokens import TokenBlocks
 from runner.models import GPT
-from runner.sample import SampleSettings, sample
+from runner.commands.sample import SampleSettings, sample
 from runner.training.tasks import LanguageModeling
 
 WORDS = ["the cat", "a dog", "my bird", "the fish"]
@@ -142,9 +142,9 @@ def test_perplexity_and_tokens_per_sample():
 
 def test_sample_names_bad_settings():
     from runner.errors import ConfigError
-    from runner.sample import parse
+    from runner.commands.sample import parse
 
     path, settings = parse(["run", "prompt=ROMEO:", "top_k=0", "temperature=0.5"])
     assert (settings.prompt, settings.top_k, settings.temperature) == ("ROMEO:", None, 0.5)
-    with pytest.raises(ConfigError, match="temprature: is not a setting of runner.sample"):
+    with pytest.raises(ConfigError, match="temprature: is not a setting of runner.commands.sample"):
         parse(["run", "temprature=1"])

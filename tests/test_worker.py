@@ -1,11 +1,11 @@
-"""runner/worker.py: what a worker hands the checkpoint code when it resumes."""
+"""runner/launch/worker.py: what a worker hands the checkpoint code when it resumes."""
 
 from __future__ import annotations
 
 
 def test_machine_1_resuming_machine_0_s_checkpoint_is_an_exact_continuation(tmp_path, caplog):
     from runner.training.checkpointer import restore
-    from runner.worker import as_machine_0
+    from runner.launch.worker import as_machine_0
     from test_checkpoint import RESOLVED, _checkpointer, _objects, _save
 
     written = {**RESOLVED, "hardware": {"num_machines": 2, "machine_rank": 0}}

@@ -3,7 +3,7 @@ sweep, --cfg, the compose API of the tools and tests):
 
 - RunnerSearchPath adds the user's recipe folders (./recipes of the working directory, $RUNNER_RECIPE_PATH; ahead
   of the built-in recipes, so a user's recipe of the same name wins) and this machine's defaults written by
-  `python -m runner.machine` (`<config home>/local/machine.yaml`);
+  `python -m runner machine` (`<config home>/local/machine.yaml`);
 - RecipesConfigSource serves a folder of recipe files as the `recipe` group, so a user keeps `recipes/foo.yaml`
   in their own project: `recipes:///path/to/folder` is also what `hydra.searchpath=[...]` takes.
 """

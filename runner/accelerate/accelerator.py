@@ -271,7 +271,7 @@ class Accelerator(AcceleratorExtras):
         # samples of one step, so a schedule written for one process steps N times per optimizer step (once
         # with split_batches: a step then covers the batch one process had). step_scheduler_with_optimizer=False:
         # the schedule is the user's to step, on every call. The runner's own loop splits its global batch
-        # (runner/worker.py passes split_batches=True), so it steps once.
+        # (runner/launch/worker.py passes split_batches=True), so it steps once.
         steps = 1 if self.split_batches else self.num_processes
         if self.step_scheduler_with_optimizer and (self.scaler is not None or self.gradient_accumulation_steps > 1
                                                    or steps > 1):

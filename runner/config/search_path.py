@@ -24,7 +24,7 @@ def builtin_recipes() -> Path:
 
 
 def config_home() -> Path:
-    """$RUNNER_CONFIG_HOME, else ~/.config/runner: this machine's defaults (runner/machine.py)."""
+    """$RUNNER_CONFIG_HOME, else ~/.config/runner: this machine's defaults (runner/commands/machine.py)."""
     return Path(os.environ.get("RUNNER_CONFIG_HOME") or Path.home() / ".config" / "runner").expanduser()
 
 

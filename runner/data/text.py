@@ -38,7 +38,7 @@ def text_files(
     """Token streams `train` and `validation` from text files (paths or glob patterns, relative to where the
     command ran). Without `validation` files the last `validation_fraction` of the training lines is held out, as
     nanoGPT holds out the end of its text. `tokenizer` is a spec from runner.data.tokenizers; the trained tokenizer
-    is saved in `tokenizer_dir` (the recipes point it at `<run dir>/tokenizer`, where `runner.sample` finds it)."""
+    is saved in `tokenizer_dir` (the recipes point it at `<run dir>/tokenizer`, where `runner.commands.sample` finds it)."""
     import datasets
 
     if block_size < 1:

@@ -319,7 +319,7 @@ def _on_machine(ids: list[int], count: int | None) -> _Selection:
                 Problem(
                     "gpu_ids",
                     f"[{','.join(map(str, ids))}] names GPUs this machine does not have; it has {count} "
-                    f"GPU(s): {present} (run `python -m runner.env` or nvidia-smi to list them)",
+                    f"GPU(s): {present} (run `python -m runner env` or nvidia-smi to list them)",
                 )
             ]
         )

@@ -49,7 +49,7 @@ class GPT(nn.Module):
     """`forward(input_ids)` of shape (batch, length <= block_size) returns next-token logits (batch, length, vocab).
 
     `vocab_size` may exceed the tokenizer's (a round number, or the tokenizer's cap): unused ids are never targets,
-    and `runner.sample` never draws them.
+    and `runner.commands.sample` never draws them.
     """
 
     def __init__(

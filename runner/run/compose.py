@@ -3,7 +3,7 @@ swapped on the command line dropped, frozen into the typed RunConfig, checked, a
 (hardware, batch plan, the checkpoint to resume from). Errors name the key the user set.
 
 `load(overrides)` is what the tools use (`runner plan`, `runner recipes validate`, `python -m runner.launch`);
-`python -m runner` composes through Hydra's own entry (runner/cli.py) and then calls `freeze` and `preflight`."""
+`python -m runner` composes through Hydra's own entry (runner/commands/cli.py) and then calls `freeze` and `preflight`."""
 
 from __future__ import annotations
 

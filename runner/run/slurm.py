@@ -4,7 +4,7 @@
 hardware group (`runner.slurm_request`). A request no node of the partition can meet does not fail in SLURM: the
 array job pends forever while the sweep prints only submitit's accounting warnings. So the sweep asks `sinfo` and
 `scontrol` first (a few seconds at most; skipped where they are absent) and refuses such a request in one paragraph
-naming the request and the partition's limits. Plain Python, no Hydra: runner.sweep calls it with plain values.
+naming the request and the partition's limits. Plain Python, no Hydra: runner.sweep.callback calls it with plain values.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
     loop = make_loop(parts, config, accelerator, run_dir)      # logger, checkpointer, stop signals, progress
     loop.fit()
 
-runner/worker.py runs these in each process; the benchmarks and tests call them too, so what they measure is what
+runner/launch/worker.py runs these in each process; the benchmarks and tests call them too, so what they measure is what
 a run does.
 """
 

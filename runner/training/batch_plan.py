@@ -1,5 +1,5 @@
 """The batch a run trains with, decided once in the parent from the trainer settings and the process count
-(`runner plan OVERRIDES`, runner/plan.py, prints it before a run).
+(`runner plan OVERRIDES`, runner/commands/plan.py, prints it before a run).
 
 `trainer.batch_size` is the global batch of one optimizer step. Each of the N processes takes batch_size / N
 samples of it, split into `grad_accum_steps` micro-batches when a device cannot take its share at once

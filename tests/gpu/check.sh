@@ -60,7 +60,7 @@ GPT="recipe=gpt data.train=$WORK/corpus.txt trainer.max_steps=60 trainer.eval_ev
 trainer.progress_bar=false checkpoint.enabled=false"
 
 touch "$RESULTS"
-bg env 0 "cuda available +: yes" -- python -m runner.env
+bg env 0 "cuda available +: yes" -- python -m runner env
 bg gpu 0 "device cuda:0 \| precision fp32" -- python -m runner $TINY hardware=gpu
 bg auto 0 "hardware=auto: CUDA is present" -- python -m runner $TINY hardware=auto
 bg gpu_ids_last 0 "physical $LAST -> rank 0 -> cuda:0" -- python -m runner $TINY hardware=gpu "gpu_ids=[$LAST]"

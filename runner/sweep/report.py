@@ -1,6 +1,6 @@
 """What a sweep leaves behind: one `result.json` per job and, at the sweep root, a report that ranks the jobs.
 
-Plain Python, no Hydra: `runner.sweep` (the Hydra callback) calls these functions with plain values, and the CLI
+Plain Python, no Hydra: `runner.sweep.callback` (the Hydra callback) calls these functions with plain values, and the CLI
 asks `finished_result` whether a re-run may skip a job. The report files:
 
 - `<sweep dir>/sweep_report.csv` and `sweep_report.md`: one row per job (its overrides, final and best monitored

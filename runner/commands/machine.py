@@ -1,10 +1,10 @@
 """This machine's defaults, like `accelerate config`: hardware kind, processes, gpu_ids, precision and the
 multi-machine addresses, written once to a file that `python -m runner` and `python -m runner.launch` read.
 
-    python -m runner.machine                     # show the file and what it resolves to on this machine
-    python -m runner.machine init                # answer a few questions
-    python -m runner.machine set hardware=multi_gpu gpu_ids=[0,1] precision=bf16 hardware.num_processes=2
-    python -m runner.machine clear
+    python -m runner machine                     # show the file and what it resolves to on this machine
+    python -m runner machine init                # answer a few questions
+    python -m runner machine set hardware=multi_gpu gpu_ids=[0,1] precision=bf16 hardware.num_processes=2
+    python -m runner machine clear
 
 The file is `<config home>/local/machine.yaml`, the config home being $RUNNER_CONFIG_HOME or ~/.config/runner
 (found through Hydra's search path by hydra_plugins/runner_searchpath). Outside any project, so nothing commits
@@ -24,7 +24,7 @@ GROUPS = ("hardware", "precision")  # chosen with `group=option`; every other se
 KEYS = ("gpu_ids", "hardware.num_processes", "hardware.threads_per_process", "hardware.start_method",
         "hardware.num_machines", "hardware.machine_rank", "hardware.main_process_ip", "hardware.main_process_port",
         "hardware.timeout_s", "hardware.max_restarts")
-HEADER = ("# @package _global_\n# This machine's defaults, written by `python -m runner.machine` (show, init, set, clear).\n"
+HEADER = ("# @package _global_\n# This machine's defaults, written by `python -m runner machine` (show, init, set, clear).\n"
           "# A recipe's choices win over them, and the command line wins over both.\n")
 
 
@@ -91,7 +91,7 @@ def show() -> str:
     from runner.run.compose import load
 
     path = machine_file()
-    where = f"{path}:\n{path.read_text()}" if path.is_file() else f"{path}: not written yet (`python -m runner.machine init`)"
+    where = f"{path}:\n{path.read_text()}" if path.is_file() else f"{path}: not written yet (`python -m runner machine init`)"
     hardware = load([]).hardware
     gpus = f", GPUs {','.join(hardware.physical_gpus)}" if hardware.physical_gpus else ""
     return (f"{where}\nresolves to: hardware={hardware.kind.value}, {hardware.processes_per_machine} process(es) "
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
             machine_file().unlink(missing_ok=True)
             print(f"removed {machine_file()}")
         else:
-            print(f"usage: python -m runner.machine [show | init | set key=value ... | clear]\n{__doc__}",
+            print(f"usage: python -m runner machine [show | init | set key=value ... | clear]\n{__doc__}",
                   file=sys.stderr)
             raise SystemExit(2)
     except RunnerError as err:

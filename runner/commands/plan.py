@@ -1,4 +1,4 @@
-"""`runner plan OVERRIDES` (also `python -m runner.plan`): what a run would hold per process, said before it runs."""
+"""`runner plan OVERRIDES` (also `python -m runner plan`): what a run would hold per process, said before it runs."""
 
 from __future__ import annotations
 

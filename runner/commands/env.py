@@ -1,7 +1,7 @@
-"""`python -m runner.env`: what to paste into a bug report (versions, devices, bf16/fp8 support, CUDA/NCCL).
+"""`python -m runner env`: what to paste into a bug report (versions, devices, bf16/fp8 support, CUDA/NCCL).
 
-    python -m runner.env          # one `key: value` line each
-    python -m runner.env --json   # the same as one JSON object
+    python -m runner env          # one `key: value` line each
+    python -m runner env --json   # the same as one JSON object
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def _yes_no(value: bool) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m runner.env", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="runner env", description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of key: value lines")
     args = parser.parse_args(argv)
     lines = report()

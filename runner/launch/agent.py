@@ -1,6 +1,6 @@
 """torch's elastic agent (the engine behind torchrun), run from a thread of this process for N local workers.
 
-Shared by the runner's own workers (runner/launch.py `elastic_launch`) and a user's script (`python -m
+Shared by the runner's own workers (runner/launch/launcher.py `elastic_launch`) and a user's script (`python -m
 runner.launch`). The agent runs in a thread so that the signals stay with this process's main thread: a stop
 signal is passed on to the workers and this process waits for their own answer (the runner's exit 75 once their
 checkpoint is sealed) instead of killing them after a fixed grace, and Ctrl-C ends every worker within seconds.
@@ -124,7 +124,7 @@ def announce_restart(run_dir: Path):
 
     def announce(restart: int, max_restarts: int, reports: dict[int, tuple[str, float]]) -> None:
         from runner.checkpoint import newest_complete_step
-        from runner.failures import restart_line
+        from runner.launch.failures import restart_line
 
         print(restart_line(reports, restart, max_restarts, newest_complete_step(run_dir / "checkpoints")),
               file=sys.stderr, flush=True)

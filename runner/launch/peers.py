@@ -150,7 +150,7 @@ class Peers:
     def other_failure(self, wait_s: float = 0.0):
         """A RelayedFailure carrying the report of another rank that failed, waiting up to `wait_s` for one (a
         rank that only lost its peer usually notices before that peer has said why); None when there is none."""
-        from runner.failures import RelayedFailure
+        from runner.launch.failures import RelayedFailure
 
         deadline = time.monotonic() + wait_s
         while True:

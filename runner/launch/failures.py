@@ -37,7 +37,7 @@ class PeerLost(RuntimeError):
 
 
 class RelayedFailure(RuntimeError):
-    """Another rank's report ("[rank] message"), recorded by a peer that ended itself on seeing it (runner/peers.py),
+    """Another rank's report ("[rank] message"), recorded by a peer that ended itself on seeing it (runner/launch/peers.py),
     so the launcher has the root cause even when that peer exits before the rank that failed."""
 
 
@@ -115,7 +115,7 @@ class RootCause(NamedTuple):
 def root_cause(failures: dict[int, object], exited: dict[int, float] | None = None) -> RootCause:
     """(rank, message) of the failure that most likely started it, from the launcher's {rank: ProcessFailure}:
     a rank that raised, else one killed by a signal other than the launcher's SIGTERM, else one that lost a
-    peer, else any; within each, the one that exited first (`exited`: {pid: exit time}, runner/agent.py)."""
+    peer, else any; within each, the one that exited first (`exited`: {pid: exit time}, runner/launch/agent.py)."""
     exited = exited or {}
 
     def message(failure) -> str:

@@ -32,11 +32,11 @@ from runner.distributed.dist import (
 from runner.errors import (
     INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, ConfigError, LaunchError, Preempted, no_stray_tracebacks,
 )
-from runner.failures import FAILURE_ATTRIBUTE, PeerLost, mark_step, worker_failure
+from runner.launch.failures import FAILURE_ATTRIBUTE, PeerLost, mark_step, worker_failure
 from runner.training.loop import is_finished
 from runner.accelerate.parallel import unused_parameters_hint
-from runner.peers import NoPeers, Peers
-from runner.shutdown import skip_collection_at_exit
+from runner.launch.peers import NoPeers, Peers
+from runner.launch.shutdown import skip_collection_at_exit
 from runner.distributed.signals import stop_during_startup
 from runner.run.wiring import Parts, build_parts, make_loop
 
@@ -255,7 +255,7 @@ class _NoTraceback(logging.Formatter):
 def _log_to_rank_file(path: Path, console: bool) -> None:
     """This rank's log lines go to its own file and, on rank 0 only (`console`), without tracebacks to the
     console: the other ranks' lines would repeat rank 0's. A rank that fails is reported by the parent anyway
-    (runner/failures.py). A forked worker inherited the parent's handlers (its runner.log among them): they are
+    (runner/launch/failures.py). A forked worker inherited the parent's handlers (its runner.log among them): they are
     dropped, not closed, since the parent still writes through them."""
     root = logging.getLogger()
     for handler in list(root.handlers):

@@ -3,7 +3,7 @@
 
     one process                 -> worker.run(spec), here
     started by torchrun / srun  -> worker.run(spec) in every rank, no respawn (RANK etc. already set)
-    several processes/machines  -> the elastic agent (runner/agent.py), worker.run_spawned(spec) in each
+    several processes/machines  -> the elastic agent (runner/launch/agent.py), worker.run_spawned(spec) in each
 
 The parent has already composed, checked and resolved the config; workers get it frozen, as an argument.
 
@@ -24,11 +24,11 @@ import sys
 import time
 from pathlib import Path
 
-from runner import worker
-from runner.agent import run_agent
+from runner.launch import worker
+from runner.launch.agent import run_agent
 from runner.config import RunSpec, StopSignal
 from runner.errors import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, LaunchError, Preempted
-from runner.failures import RootCause, root_cause
+from runner.launch.failures import RootCause, root_cause
 from runner.distributed.signals import stop_during_startup, stop_signals
 
 log = logging.getLogger(__name__)
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     from runner.run.compose import load
     from runner.distributed.dist import adopt_slurm_tasks
     from runner.errors import RunnerError, no_stray_tracebacks
-    from runner.shutdown import skip_collection_at_exit
+    from runner.launch.shutdown import skip_collection_at_exit
 
     no_stray_tracebacks()
     skip_collection_at_exit()
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         hardware = load(overrides).hardware
         if hardware.external_launcher:
-            raise LaunchError("runner.launch was itself started by torchrun or srun, which already started one "
+            raise LaunchError("python -m runner.launch was itself started by torchrun or srun, which already started one "
                               "process per rank: run the script directly under it instead")
         hardware.apply()
         code = _launch_script(hardware, command)
@@ -163,8 +163,8 @@ def _launch_script(hardware, command: list[str]) -> int:
           file=sys.stderr)
     # Passed on to the script's ranks (they decide what a signal means); SIGUSR2 too under submitit.
     forwarded = stop_signals([StopSignal.SIGTERM, StopSignal.SIGUSR1])
-    # Each rank goes through runner.rank_exec, which ties its life to this process's, then becomes the script.
-    ranks_command = ("-m", "runner.rank_exec", str(os.getpid()), *command)
+    # Each rank goes through runner.launch.rank_exec, which ties its life to this process's, then becomes the script.
+    ranks_command = ("-m", "runner.launch.rank_exec", str(os.getpid()), *command)
     outcome = run_agent(hardware, log_dir.resolve(), sys.executable, ranks_command, forwarded)
     if outcome.results is not None:
         return 0
@@ -196,7 +196,3 @@ def _how(failure) -> str:
     if failure.exitcode < 0:
         return f"was killed by signal {failure.signal_name()}"
     return f"exited with code {failure.exitcode}"
-
-
-if __name__ == "__main__":
-    main()

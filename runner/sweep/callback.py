@@ -1,7 +1,7 @@
 """The sweep callback: Hydra tells it when a sweep starts, when each job ends and when the sweep ends.
 
 A Hydra-facing module, like cli.py: registered in `conf/config.yaml` under `hydra.callbacks`, it turns Hydra's
-job records into plain values and hands them to `runner.report`. It runs where each job runs (in-process, in a
+job records into plain values and hands them to `runner.sweep.report`. It runs where each job runs (in-process, in a
 joblib worker, in a SLURM job), so each job writes its own `result.json` and refreshes the sweep report: the
 report is complete even when the sweep ends in an error (Hydra's basic sweeper raises after the last job when one
 failed, and then never calls `on_multirun_end`).
@@ -22,7 +22,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from runner import report
+from runner.sweep import report
 from runner.distributed.dist import started_by_external_launcher, writes_run_dir
 from runner.errors import LaunchError
 

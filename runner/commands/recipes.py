@@ -5,7 +5,7 @@
     runner recipes copy digits_mlp [my_digits]    # into ./recipes/, to edit (yours then wins over the built-in)
     runner recipes validate gpt data.train=x.txt  # compose, check, build every target and the data, no training
 
-(`python -m runner.recipes ...` is the same.) validate builds the model on the meta device and one batch's shapes
+(`python -m runner recipes ...` is the same.) validate builds the model on the meta device and one batch's shapes
 through it (runner/run/validate.py), so a broken `_target_` or a model that does not fit the data fails here with the
 same message as a real run.
 """

@@ -24,15 +24,15 @@ from runner.distributed.dist import adopt_slurm_tasks, writes_run_dir
 from runner.errors import (
     INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, ConfigError, Preempted, RunnerError, no_stray_tracebacks,
 )
-from runner.launch import launch
+from runner.launch.launcher import launch
 from runner.run.compose import (
     CONFIG_DIR, CONFIG_NAME, callback_problems, composition_error, freeze, preflight, swap_recipe_groups,
     task_overrides, with_group_origin, with_recipe, with_sources,
 )
-from runner.worker import missing_final_artifacts
-from runner.report import finished_result
-from runner.shutdown import skip_collection_at_exit
-from runner.sweep import refuse_search_under_torchrun
+from runner.launch.worker import missing_final_artifacts
+from runner.sweep.report import finished_result
+from runner.launch.shutdown import skip_collection_at_exit
+from runner.sweep.callback import refuse_search_under_torchrun
 from runner.distributed.signals import stop_during_startup
 
 log = logging.getLogger("runner")
@@ -44,8 +44,8 @@ NOT_A_RUN = ("help", "hydra_help", "cfg", "info", "shell_completion", "experimen
 
 # `runner WORD ...`: the runner's other commands (each also `python -m runner.WORD ...`). A word without `=` is
 # never a Hydra override, so these cannot clash with one.
-COMMANDS = {"launch": "runner.launch", "machine": "runner.machine", "plan": "runner.plan", "recipes": "runner.recipes",
-            "sample": "runner.sample", "env": "runner.env"}
+COMMANDS = {"launch": "runner.launch.launcher", "machine": "runner.commands.machine", "plan": "runner.commands.plan", "recipes": "runner.commands.recipes",
+            "sample": "runner.commands.sample", "env": "runner.commands.env"}
 
 
 def console_main() -> None:
@@ -150,7 +150,7 @@ def search_path(args):
     from hydra._internal.utils import create_automatic_config_search_path
     from hydra.core.config_search_path import SearchPathQuery
 
-    path = create_automatic_config_search_path(None, "runner.cli", args.config_path or CONFIG_DIR)
+    path = create_automatic_config_search_path(None, "runner.commands.cli", args.config_path or CONFIG_DIR)
     if args.config_dir is not None:
         config_dir = os.path.abspath(args.config_dir)
         if not os.path.isdir(config_dir):
@@ -171,7 +171,7 @@ def run_task(cfg: DictConfig, run_dir: rundir.RunDir | None = None) -> float:
             spec = freeze(cfg, run_dir.path)
             if not run_dir.locked and writes_run_dir(spec.config.hardware.machine_rank):
                 run_dir.lock()
-            # Several machines decide "finished" together, from the checkpoint every rank loads (runner/worker.py):
+            # Several machines decide "finished" together, from the checkpoint every rank loads (runner/launch/worker.py):
             # one machine alone skipping would leave the others waiting for it at the rendezvous.
             if spec.config.resume == "auto" and spec.config.hardware.num_machines == 1:
                 done = finished_result(run_dir.path, task_overrides(hydra))
@@ -211,7 +211,7 @@ def run_task(cfg: DictConfig, run_dir: rundir.RunDir | None = None) -> float:
 
 def end_summary(run_dir: Path, config: RunConfig, value: float, wall_s: float) -> str:
     """The monitored metric at the end and at its best (from metrics.jsonl), the wall time, and the exports."""
-    from runner.report import read_metrics
+    from runner.sweep.report import read_metrics
 
     monitor, mode = config.trainer.monitor, config.trainer.monitor_mode.value
     _, best, best_step, _ = read_metrics(run_dir / "metrics.jsonl", monitor, mode)
@@ -250,7 +250,7 @@ def _fail(err: RunnerError, run_dir: rundir.RunDir, multirun: bool) -> float:
     kept = f"; {rundir_summary(run_dir, err.resume_helps)}" if started else ""
     print(f"runner: error: {err}{kept}", file=sys.stderr)
     if multirun:  # a sweep keeps the job dir: its result.json records this error
-        from runner.sweep import SweepJobFailed
+        from runner.sweep.callback import SweepJobFailed
 
         run_dir.unlock()
         job = HydraConfig.get().job.num
