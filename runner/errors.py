@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import sys
+from typing import NoReturn
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -157,6 +158,18 @@ class Preempted(BaseException):
             saved = f"saved {checkpoint}" if checkpoint else "checkpoints are off, nothing was saved"
             text = f"stopped by {signal_name} after optimizer step {step}; {saved}"
         super().__init__(text)
+
+
+def print_error(message: BaseException | str) -> None:
+    """The one format of a runner error on the console: `runner: error: ` and one paragraph, on stderr."""
+    print(f"runner: error: {message}", file=sys.stderr)
+
+
+def exit_with(message: BaseException | str, code: int = 1) -> NoReturn:
+    """How every runner command (and the sweep callback, whose other exceptions Hydra only warns about) ends on an
+    error: the paragraph, then exit `code`."""
+    print_error(message)
+    raise SystemExit(code)
 
 
 def no_stray_tracebacks() -> None:

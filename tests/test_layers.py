@@ -108,6 +108,29 @@ def test_the_public_names_come_from_the_accelerate_layer_or_below():
     assert all(level <= LAYERS["runner.accelerate"] for _, level in placed.values()), placed
 
 
+def _calls(path: Path, module: str, function: str) -> list[int]:
+    """Lines of every `module.function(...)` call in the file."""
+    return [node.lineno for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == function
+            and isinstance(node.func.value, ast.Name) and node.func.value.id == module]
+
+
+def test_signal_handlers_are_installed_in_one_module():
+    home = PACKAGE / "distributed" / "signals.py"
+    elsewhere = [f"{path.relative_to(PACKAGE.parent)}:{line}" for path in _files() if path != home
+                 for line in _calls(path, "signal", "signal")]
+    assert not elsewhere, f"signal.signal outside runner/distributed/signals.py: {elsewhere}"
+
+
+def test_errors_reach_the_console_through_one_function():
+    """`runner: error: ...` is written by runner.errors.print_error (and exit_with) only."""
+    home = PACKAGE / "errors.py"
+    elsewhere = [f"{path.relative_to(PACKAGE.parent)}:{number}" for path in _files() if path != home
+                 for number, text in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+                 if "error: {" in text and "print(" in text]
+    assert not elsewhere, f"errors printed outside runner/errors.py: {elsewhere}"
+
+
 def test_no_cycles_among_layered_modules():
     graph = {}
     for path in _files():

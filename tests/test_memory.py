@@ -91,8 +91,10 @@ def test_runner_plan_prints_the_figures_without_building_data(capsys, monkeypatc
     printed = capsys.readouterr().out
     assert "DDP gradient buckets" in printed
     assert "fits: no: " in printed and "use parallel=fsdp, more processes, or a smaller model" in printed
-    assert main(["parallel=fsdp", "precision=fp16", "hardware=multi_cpu"]) == 1
-    assert "precision: is fp16, which parallel=fsdp does not support" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:
+        main(["parallel=fsdp", "precision=fp16", "hardware=multi_cpu"])
+    assert refused.value.code == 1
+    assert "runner: error: bad config: precision: is fp16, which parallel=fsdp does not support" in capsys.readouterr().err
 
 
 def test_human_sizes():

@@ -148,7 +148,7 @@ def test_slurm_launcher_and_search_compose(cli):
     assert sweeper["storage"] == "sqlite:///outputs/optuna/${hydra.sweeper.study_name}.db"
     assert sweeper["params"] == {"optimizer.lr": "tag(log, interval(1.0e-4, 1.0e-2))",
                                  "model.d_model": "choice(32, 64, 128)"}
-    assert hydra_cfg["callbacks"]["sweep_report"]["_target_"] == "runner.sweep.callback.SweepReport"
+    assert hydra_cfg["callbacks"]["sweep_report"]["_target_"] == "runner.sweep.SweepReport"
 
 
 @pytest.mark.parametrize(("mode", "direction"), [("max", "maximize"), ("min", "minimize")])

@@ -146,5 +146,14 @@ def test_sample_names_bad_settings():
 
     path, settings = parse(["run", "prompt=ROMEO:", "top_k=0", "temperature=0.5"])
     assert (settings.prompt, settings.top_k, settings.temperature) == ("ROMEO:", None, 0.5)
-    with pytest.raises(ConfigError, match="temprature: is not a setting of runner.commands.sample"):
+    with pytest.raises(ConfigError, match="temprature: is not a setting of `runner sample`"):
         parse(["run", "temprature=1"])
+
+
+def test_runner_sample_ends_a_bad_setting_with_one_error_and_exit_1(capsys):
+    from runner.commands.cli import main
+
+    with pytest.raises(SystemExit) as ended:
+        main(["sample", "run", "temprature=1"])
+    assert ended.value.code == 1
+    assert capsys.readouterr().err.startswith("runner: error: bad config: temprature: is not a setting of `runner sample`")

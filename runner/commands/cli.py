@@ -22,7 +22,8 @@ from runner.run import rundir
 from runner.config import RunConfig
 from runner.distributed.dist import adopt_slurm_tasks, writes_run_dir
 from runner.errors import (
-    INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, ConfigError, Preempted, RunnerError, no_stray_tracebacks,
+    INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, ConfigError, Preempted, RunnerError, exit_with, no_stray_tracebacks,
+    print_error,
 )
 from runner.launch.launcher import launch
 from runner.run.compose import (
@@ -106,10 +107,10 @@ def _run(args, parser) -> None:
             cfg = hydra.compose_config(config_name, args.overrides, run_mode=mode, with_log_configuration=True,
                                        validate_sweep_overrides=mode is RunMode.RUN)
         except Exception as err:  # Hydra's and OmegaConf's composition errors: the message says it all
-            _exit_with(composition_error(err, args.overrides))
+            exit_with(composition_error(err, args.overrides))
         problems = callback_problems(cfg)
         if problems:
-            _exit_with(ConfigError(problems))
+            exit_with(ConfigError(problems))
         if args.multirun or cfg.hydra.mode == RunMode.MULTIRUN:  # -m, or e.g. hparams_search=...: a sweep
             # Here, from the one composition, not in a sweep callback: Hydra composes twice more before its
             # callbacks run, seconds in which torchrun may already be ending this rank for its peer's refusal.
@@ -133,7 +134,7 @@ def _run_one(hydra, cfg: DictConfig, config_name: str) -> None:
         if writes_run_dir(OmegaConf.select(cfg, "hardware.machine_rank", default=0)):
             run_dir.lock()  # before Hydra writes .hydra/ into it: a run already in there keeps its record
     except (RunnerError, OmegaConfBaseException) as err:
-        _exit_with(err if isinstance(err, RunnerError) else composition_error(err, []))
+        exit_with(err if isinstance(err, RunnerError) else composition_error(err, []))
     callbacks = Callbacks(cfg)
     callbacks.on_run_start(config=cfg, config_name=config_name)
     ret = run_job(hydra_context=HydraContext(config_loader=hydra.config_loader, callbacks=callbacks),
@@ -247,9 +248,9 @@ def rundir_summary(run_dir: rundir.RunDir, resume_helps: bool = True) -> str:
 def _fail(err: RunnerError, run_dir: rundir.RunDir, multirun: bool) -> float:
     """Say what went wrong in one paragraph; remove what this invocation created if training never started."""
     started = run_dir.training_started
-    kept = f"; {rundir_summary(run_dir, err.resume_helps)}" if started else ""
-    print(f"runner: error: {err}{kept}", file=sys.stderr)
+    message = f"{err}; {rundir_summary(run_dir, err.resume_helps)}" if started else str(err)
     if multirun:  # a sweep keeps the job dir: its result.json records this error
+        print_error(message)
         from runner.sweep.callback import SweepJobFailed
 
         run_dir.unlock()
@@ -260,9 +261,4 @@ def _fail(err: RunnerError, run_dir: rundir.RunDir, multirun: bool) -> float:
         run_dir.unlock()
     else:
         run_dir.remove_what_this_run_created(keep=err.keep)
-    raise SystemExit(1)
-
-
-def _exit_with(err: BaseException | str) -> None:
-    print(f"runner: error: {err}", file=sys.stderr)
-    raise SystemExit(1)
+    exit_with(message)

@@ -57,13 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     import sys
 
     from runner.run.compose import load
-    from runner.errors import RunnerError
+    from runner.errors import RunnerError, exit_with
 
     try:
         print(describe_run(load(sys.argv[1:] if argv is None else argv)))
     except RunnerError as err:
-        print(f"runner: error: {err}", file=sys.stderr)
-        return 1
+        exit_with(err)
     return 0
 
 

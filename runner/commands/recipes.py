@@ -108,7 +108,7 @@ USAGE = "usage: runner recipes [list | show NAME [overrides] | copy NAME [NEW_NA
 
 
 def main(argv: list[str] | None = None) -> None:
-    from runner.errors import RunnerError
+    from runner.errors import RunnerError, exit_with
 
     arguments = sys.argv[1:] if argv is None else argv
     command, rest = (arguments[0], arguments[1:]) if arguments else ("list", [])
@@ -124,8 +124,7 @@ def main(argv: list[str] | None = None) -> None:
             print(USAGE, file=sys.stderr)
             raise SystemExit(2)
     except RunnerError as err:
-        print(f"runner: error: {err}", file=sys.stderr)
-        raise SystemExit(1)
+        exit_with(err)
 
 
 if __name__ == "__main__":

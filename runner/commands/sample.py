@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from runner.errors import ConfigError, RunnerError
+from runner.errors import ConfigError, RunnerError, exit_with
 
 USAGE = ('usage: python -m runner sample <run dir | checkpoint dir | .safetensors file> [prompt="..."] '
          "[max_new_tokens=200] [temperature=0.8] [top_k=200] [num_samples=1] [seed=0]")
@@ -45,7 +45,7 @@ def parse(argv: list[str]) -> tuple[Path, SampleSettings]:
     for arg in argv[1:]:
         key, sep, value = arg.partition("=")
         if not sep or key not in types:
-            raise ConfigError(key, f"is not a setting of runner.commands.sample; valid: {', '.join(types)}\n{USAGE}")
+            raise ConfigError(key, f"is not a setting of `runner sample`; valid: {', '.join(types)}\n{USAGE}")
         try:
             if key == "prompt":
                 parsed = value.encode().decode("unicode_escape")  # prompt="\n" means a newline
@@ -143,8 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         path, settings = parse(sys.argv[1:] if argv is None else argv)
         texts = sample(path, settings)
     except RunnerError as err:
-        print(f"runner sample: error: {err}", file=sys.stderr)
-        return 1
+        exit_with(err)
     print("\n---------------\n".join(texts))
     return 0
 

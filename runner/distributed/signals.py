@@ -6,6 +6,10 @@ after the same step (a rank that stopped alone would leave the others waiting in
 optimizer step each rank starts a one-number all-reduce of "did I get a signal" on a CPU (gloo) group, without
 waiting for it, and reads the previous step's result, which finished long ago: every rank sees the same sums in
 the same order and stops after the same step, one step after the signal, and no step waits for the device.
+
+Every signal handler the runner installs is installed here (tests/test_layers.py checks it): the process-start
+and start-up stops, the loop's StopSignals, a launcher forwarding signals to its workers (`handling`), a failing
+rank ignoring the launcher's SIGTERM while it reports (`ignore`), and a worker's single Ctrl-C (`interrupt_once`).
 """
 
 from __future__ import annotations
@@ -153,3 +157,31 @@ class NoStopSignals:
 
     def agreed_checks(self, count: int) -> int:
         return 0
+
+
+@contextmanager
+def handling(signals, handler) -> Iterator[None]:
+    """`handler` for each of `signals` while the block runs; the previous handlers after it."""
+    previous = {sig: signal.signal(sig, handler) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, earlier in previous.items():
+            signal.signal(sig, earlier)
+
+
+def ignore(sig: signal.Signals) -> None:
+    """From now on `sig` does nothing to this process."""
+    signal.signal(sig, signal.SIG_IGN)
+
+
+def interrupt_once() -> None:
+    """Ctrl-C reaches a worker twice: from the terminal (the whole process group) and then from the launcher
+    ending its workers. The second must not land in the first one's exit path, where multiprocessing would print
+    it as a traceback (seen in tests/test_faults.py's Ctrl-C test): one KeyboardInterrupt, then SIGINT is ignored."""
+
+    def interrupt(signum, frame) -> None:
+        ignore(signal.SIGINT)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, interrupt)

@@ -23,6 +23,7 @@ from typing import Any, Iterator
 
 from runner.distributed.devices import Hardware
 from runner.distributed.dist import DistInfo, threads_per_process
+from runner.distributed.signals import handling
 
 log = logging.getLogger(__name__)
 
@@ -247,12 +248,8 @@ def forward_to_workers(stop_signals) -> Iterator[list[signal.Signals]]:
             except ProcessLookupError:
                 pass
 
-    previous = {sig: signal.signal(sig, forward) for sig in stop_signals}
-    try:
+    with handling(stop_signals, forward):
         yield received
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def end_workers(sig: signal.Signals, grace_s: float) -> None:

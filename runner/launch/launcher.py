@@ -129,7 +129,7 @@ def split_command(argv: list[str]) -> tuple[list[str], list[str]]:
 def main(argv: list[str] | None = None) -> None:
     from runner.run.compose import load
     from runner.distributed.dist import adopt_slurm_tasks
-    from runner.errors import RunnerError, no_stray_tracebacks
+    from runner.errors import RunnerError, exit_with, no_stray_tracebacks
     from runner.launch.shutdown import skip_collection_at_exit
 
     no_stray_tracebacks()
@@ -148,8 +148,7 @@ def main(argv: list[str] | None = None) -> None:
         hardware.apply()
         code = _launch_script(hardware, command)
     except RunnerError as err:
-        print(f"runner: error: {err}", file=sys.stderr)
-        raise SystemExit(1)
+        exit_with(err)
     except KeyboardInterrupt:
         print("runner: interrupted (Ctrl-C)", file=sys.stderr)
         raise SystemExit(INTERRUPTED_EXIT_CODE)

@@ -37,6 +37,7 @@ from runner.training.loop import is_finished
 from runner.accelerate.parallel import unused_parameters_hint
 from runner.launch.peers import NoPeers, Peers
 from runner.launch.shutdown import skip_collection_at_exit
+from runner.distributed import signals
 from runner.distributed.signals import stop_during_startup
 from runner.run.wiring import Parts, build_parts, make_loop
 
@@ -61,7 +62,7 @@ def run(spec: RunSpec, keep_process_group: bool = False) -> dict[str, float]:
         raise
     except Exception as err:
         if dist.is_distributed:  # finish the report even when the launcher starts stopping the group meanwhile
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signals.ignore(signal.SIGTERM)
         failure = worker_failure(dist.rank, err, peers, spec.config.hardware.timeout_s)
         if isinstance(failure, PeerLost):  # say why the peer went, once it has said so itself
             failure = peers.other_failure(wait_s=PEER_REPORT_WAIT_S) or failure
@@ -210,14 +211,6 @@ def as_machine_0(resolved: dict) -> dict:
     return {**resolved, "hardware": {**hardware, "machine_rank": 0}}
 
 
-def _interrupt_once(signum, frame) -> None:
-    """Ctrl-C reaches a worker twice: from the terminal (the whole process group) and then from the launcher
-    ending its workers. The second must not land in the first one's exit path, where multiprocessing would print
-    it as a traceback (seen in tests/test_faults.py's Ctrl-C test): one KeyboardInterrupt, then SIGINT is ignored."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    raise KeyboardInterrupt
-
-
 def run_spawned(spec: RunSpec) -> dict[str, float]:
     """Entry point for a process the elastic launcher started: its own log file, no orphan if the launcher dies,
     and a failure re-raised as one readable report (rank, step, end of the traceback) for the parent to print."""
@@ -226,7 +219,7 @@ def run_spawned(spec: RunSpec) -> dict[str, float]:
     no_stray_tracebacks()
     skip_collection_at_exit()
     _log_to_rank_file(Path(spec.run_dir) / f"runner_rank{dist.rank}.log", console=dist.rank == 0)
-    signal.signal(signal.SIGINT, _interrupt_once)
+    signals.interrupt_once()
     try:
         return run(spec)
     except Preempted as stop:

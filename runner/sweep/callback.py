@@ -10,7 +10,6 @@ failed, and then never calls `on_multirun_end`).
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner.sweep import report
 from runner.distributed.dist import started_by_external_launcher, writes_run_dir
-from runner.errors import LaunchError
+from runner.errors import LaunchError, exit_with
 
 log = logging.getLogger("runner")
 
@@ -123,8 +122,7 @@ def refuse_search_under_torchrun(config: DictConfig) -> None:
             "hardware=multi_gpu): the values are sampled once, in that process, and the runner starts each trial's "
             "ranks itself; on SLURM add hydra/launcher=slurm."
         )
-        print(f"runner: error: {err}", file=sys.stderr)
-        raise SystemExit(1)  # a callback's ordinary exceptions are only warned about by Hydra
+        exit_with(err)  # a callback's ordinary exceptions are only warned about by Hydra
 
 
 SLURM_LAUNCHER = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
@@ -155,8 +153,7 @@ def check_slurm_request(config: DictConfig) -> None:
             cpus_per_task=launcher.cpus_per_task, mem_gb=launcher.mem_gb, gpus_per_node=launcher.gpus_per_node,
             timeout_min=int(launcher.timeout_min)))
     except LaunchError as err:
-        print(f"runner: error: {err}", file=sys.stderr)
-        raise SystemExit(1)  # a callback's ordinary exceptions are only warned about by Hydra
+        exit_with(err)  # a callback's ordinary exceptions are only warned about by Hydra
 
 
 def _writes(config: DictConfig) -> bool:
