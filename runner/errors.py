@@ -89,10 +89,14 @@ DISK_FULL_ERRNOS = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
 ALMOST_FULL_BYTES = 2**20
 
 
-def first_line(err: BaseException) -> str:
-    """The first line of an error's message ("" for none): what a one-line report of it shows."""
-    lines = str(err).strip().splitlines()
-    return lines[0] if lines else ""
+def first_line(err: BaseException, default: str = "") -> str:
+    """The first line of an error's message (`default` for none): what a one-line report of it shows. Hydra's and
+    OmegaConf's messages put what went wrong first, then "full_key: ..."; that first part is kept whole."""
+    text = str(err).strip()
+    if "\nfull_key" in text:
+        return text.split("\nfull_key")[0].replace("\n", " ")
+    lines = text.splitlines()
+    return lines[0] if lines else default
 
 
 def write_error(err: Exception, path: Path | str, what: str) -> WriteError:

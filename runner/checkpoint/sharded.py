@@ -74,9 +74,9 @@ def load(path: Path, entries: dict[str, tuple[nn.Module, torch.optim.Optimizer |
     except (RuntimeError, ValueError, KeyError, CheckpointException) as err:
         if isinstance(_root_cause(err), pickle.UnpicklingError):  # a non-tensor value that is not plain data
             raise safe_dcp.refusal(path, f"a value in the shards (__<rank>_0.distcp) of {path}",
-                                   _first_line(_root_cause(err))) from None
+                                   _one_line(_root_cause(err))) from None
         raise CheckpointError(f"resume: the sharded weights and optimizer state in {path} do not fit this run: "
-                              f"{_first_line(_root_cause(err))}") from None
+                              f"{_one_line(_root_cause(err))}") from None
     for key, (model, optimizer) in entries.items():
         if optimizer is None:
             set_model_state_dict(model, state[key])
@@ -112,5 +112,5 @@ def _root_cause(err: BaseException) -> BaseException:
     return err
 
 
-def _first_line(err: BaseException) -> str:
+def _one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {first_line(err)}"

@@ -128,7 +128,7 @@ ARGUMENT_WORDS = {"lr": ("learning rate",), "eps": ("epsilon",), "betas": ("beta
 
 def refusal(key: str, node: dict[str, Any], cause: BaseException) -> ConfigError:
     """A library refused the arguments of `key`'s target: name the argument its message mentions, if any."""
-    message = _first_line(cause)
+    message = first_line(cause, default=type(cause).__name__)
     lowered = message.lower()
     unexpected = re.search(r"unexpected keyword argument '(\w+)'", message)
     if isinstance(cause, TypeError) and unexpected and unexpected.group(1) in node:
@@ -199,9 +199,3 @@ def build_data(node: dict[str, Any]):
 def build_task(node: dict[str, Any]):
     return instantiate("task", node)
 
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    if "full_key" in text:  # Hydra's message: what went wrong, then "full_key: ..."; keep the first part whole
-        return text.split("\nfull_key")[0].replace("\n", " ")
-    return first_line(err) or type(err).__name__

@@ -71,8 +71,9 @@ def worker_failure(rank: int, err: BaseException, peers=None, timeout_s: float |
 def _failure(rank: int, err: BaseException, peers, timeout_s: float | None) -> RuntimeError:
     step = getattr(err, STEP_ATTRIBUTE, None)
     when = "before the first optimizer step" if step is None else f"after {step} optimizer step(s)"
+    said = f"{type(err).__name__}: {first_line(err, default='(no message)')}"
     if _is_peer_lost(err):
-        return PeerLost(f"rank {rank} stopped {when}: it lost a peer ({type(err).__name__}: {_first_line(err)})")
+        return PeerLost(f"rank {rank} stopped {when}: it lost a peer ({said})")
     hung = peers.hung_rank(timeout_s) if peers is not None and timeout_s and _is_timeout(err) else None
     if hung is not None:
         hung_rank, hung_step, age = hung
@@ -82,7 +83,7 @@ def _failure(rank: int, err: BaseException, peers, timeout_s: float | None) -> R
     if isinstance(err, RunnerError):  # a user error: its whole message says it all
         kind = RankFailed if err.resume_helps else ResumeRefusedOnRank
         return kind(f"{str(err).strip()} (rank {rank}, {when})")
-    headline = f"rank {rank} failed {when}: {type(err).__name__}: {_first_line(err)}"
+    headline = f"rank {rank} failed {when}: {said}"
     lines = "".join(traceback.format_exception(type(err), err, err.__traceback__)).rstrip().splitlines()
     lines = [line for line in lines if line.strip(" ^~")]  # drop the caret lines that underline expressions
     tail = "\n".join("    " + line for line in lines[-TRACEBACK_TAIL_LINES:])
@@ -100,9 +101,6 @@ def _is_peer_lost(err: BaseException) -> bool:
         word in str(err) for word in PEER_LOST_WORDS
     )
 
-
-def _first_line(err: BaseException) -> str:
-    return first_line(err) or "(no message)"
 
 
 class RootCause(NamedTuple):
