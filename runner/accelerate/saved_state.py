@@ -10,8 +10,8 @@ place, so it is there whole or not at all and verified before it is loaded.
 Under FSDP (the `dcp` layout) each process writes its shards of every model and optimizer instead
 (`.metadata`, `__<rank>_0.distcp`; state.pt then has no optimizers), loadable on another number of processes.
 
-Part of the Accelerator (layer 4, accelerate/, in DESIGN.md; flat here until that package exists): it reads the
-prepared objects, which runner/checkpoint/ below it must not know.
+Part of the Accelerator (layer 4, accelerate/): it reads the prepared objects, which runner/checkpoint/ below it
+must not know.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The schema's registration with Hydra's ConfigStore and the runner's OmegaConf resolvers.
 
-Unlayered for now (tests/test_layers.py): two resolvers read the launcher's environment (runner.distributed) and
-one asks runner.run.slurm, so this belongs with composing a run (run/, DESIGN.md), not in config/ below them."""
+In run/, not config/: two resolvers read the launcher's environment (runner.distributed, layer 2) and one asks
+runner.run.slurm, so this sits with composing a run, above them."""
 
 from __future__ import annotations
 

@@ -5,8 +5,8 @@ are gathered), the writing process (rank 0) writes once, and all wait at a barri
 checkpoint that is still being written. In the `dcp` layout (a sharded model) every rank also writes its shards of
 the weights and optimizer state, and an export gathers the whole weights on rank 0 (runner/checkpoint/sharded.py).
 
-The loop's side of checkpoints (layer 6, training/, in DESIGN.md; flat here until that package exists): monitor,
-keep-best and exports are training knowledge, so runner/checkpoint/ below it keeps only the on-disk discipline.
+The loop's side of checkpoints (layer 6, training/): monitor, keep-best and exports are training knowledge, so
+runner/checkpoint/ below it keeps only the on-disk discipline.
 """
 
 from __future__ import annotations
