@@ -188,3 +188,20 @@ def test_a_run_leaves_its_heap_to_the_os_at_exit(tmp_path):
     assert (tmp_path / "run" / "metrics.jsonl").is_file()
     frozen = int(done.stdout.split("frozen at exit")[-1])
     assert frozen > 100_000, done.stdout[-500:]  # torch alone holds more
+
+
+def test_help_lists_every_command_before_the_config(capsys):
+    import importlib
+
+    from runner.commands.cli import COMMANDS, main
+
+    try:
+        main(["--help"])
+    except SystemExit as ended:
+        assert ended.code in (None, 0)
+    out = capsys.readouterr().out
+    listed = [line.split()[1] for line in out.splitlines() if line.startswith("  runner ")]
+    assert listed == ["recipes", "launch", "machine", "plan", "sample", "env"]
+    assert out.index("  runner env") < out.index("== Configuration groups ==")  # Hydra's help follows
+    for module, _ in COMMANDS.values():  # each line names a command that runs
+        assert callable(importlib.import_module(module).main)

@@ -43,10 +43,29 @@ log = logging.getLogger("runner")
 NOT_A_RUN = ("help", "hydra_help", "cfg", "info", "shell_completion", "experimental_rerun")
 
 
-# `runner WORD ...`: the runner's other commands (each also `python -m runner.WORD ...`). A word without `=` is
-# never a Hydra override, so these cannot clash with one.
-COMMANDS = {"launch": "runner.launch.launcher", "machine": "runner.commands.machine", "plan": "runner.commands.plan", "recipes": "runner.commands.recipes",
-            "sample": "runner.commands.sample", "env": "runner.commands.env"}
+# `runner WORD ...` (also `python -m runner WORD ...`): the runner's other commands, with the line `runner --help`
+# shows for each. A word without `=` is never a Hydra override, so these cannot clash with one.
+COMMANDS = {
+    "recipes": ("runner.commands.recipes", "list, show, copy or validate recipes (runner recipes list)"),
+    "launch": ("runner.launch.launcher", "run your own script on this machine's processes, like accelerate launch"),
+    "machine": ("runner.commands.machine", "this machine's defaults: hardware, processes, gpu_ids, precision"),
+    "plan": ("runner.commands.plan", "memory per process, batch and steps of a run, before running it"),
+    "sample": ("runner.commands.sample", "generate text from a trained language model's run dir"),
+    "env": ("runner.commands.env", "versions and devices, to paste into a bug report"),
+}
+
+
+def commands_help() -> str:
+    width = max(len(word) for word in COMMANDS)
+    lines = [f"  runner {word:<{width}}  {summary}" for word, (_, summary) in COMMANDS.items()]
+    return "\n".join([
+        "usage: runner [OVERRIDES]          train: a recipe and its groups, e.g. runner recipe=gpt precision=bf16",
+        "       runner -m OVERRIDES         a sweep (Hydra multirun), e.g. runner -m optimizer.lr=1e-3,3e-4",
+        "       runner COMMAND [ARGS]       one of:",
+        *lines,
+        "(python -m runner works the same way; the config help follows)",
+        "",
+    ])
 
 
 def console_main() -> None:
@@ -66,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     if arguments and arguments[0] in COMMANDS:
         import importlib
 
-        code = importlib.import_module(COMMANDS[arguments[0]]).main(arguments[1:])
+        code = importlib.import_module(COMMANDS[arguments[0]][0]).main(arguments[1:])
         if code:
             raise SystemExit(code)
         return
@@ -75,6 +94,8 @@ def main(argv: list[str] | None = None) -> None:
     adopt_slurm_tasks()  # srun's tasks become the ranks before anything reads RANK (the run dir, the lock)
     parser = get_args_parser()
     args = parser.parse_intermixed_args(arguments)  # `k=v -cd DIR k=v` as well as options first
+    if args.help:  # the commands first, as `accelerate --help` lists its own; then Hydra's config help
+        print(commands_help())
     if any(getattr(args, flag, None) for flag in NOT_A_RUN):
         return _hydra_entry(args, parser)
     _run(args, parser)
