@@ -122,6 +122,7 @@ def test_csv_sink_and_the_run_name_in_the_dir(run):
     with open(run_dir / "csv" / "metrics.csv", newline="") as file:
         rows = list(csv.DictReader(file))
     assert [row["step"] for row in rows if row["train/loss"]] == ["1", "2"]
+    assert len({row["step"] for row in rows}) == len(rows)  # one row per step: evaluation joins training's row
     assert [float(row["val/accuracy"]) for row in rows if row["val/accuracy"]] == pytest.approx(
         [value for _, value in read_scalars(run_dir, "val/accuracy")])  # TensorBoard keeps float32
     hparams = dict(row.split(",", 1) for row in (run_dir / "csv" / "hparams.csv").read_text().splitlines()[1:])

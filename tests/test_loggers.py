@@ -79,20 +79,22 @@ def test_tensorboard_hands_quick_events_over_in_batches_and_every_one_arrives_wi
     assert [event.wall_time for event in scalars] == [1000.0] + [2000.0] * (len(scalars) - 1)
 
 
-def test_csv_widens_its_header_for_a_new_metric_and_writes_hparams_with_final_metrics(tmp_path):
+def test_csv_keeps_one_row_per_step_and_widens_for_new_metrics(tmp_path):
     sink = CsvSink(tmp_path)
     sink.log(1, {"train/loss": 2.0})
     sink.log(2, {"train/loss": 1.5})
-    sink.log(2, {"val/accuracy": 0.5})
-    sink.log_final({"optimizer": {"lr": 0.1}}, {"val/accuracy": 0.5})
+    sink.log(2, {"val/accuracy": 0.5})  # a new column, for the step already written
+    sink.log(3, {"train/loss": 1.4})
+    sink.log(3, {"val/accuracy": 0.75})  # a known column, for the step already written
+    sink.log_final({"optimizer": {"lr": 0.1}}, {"val/accuracy": 0.75})
     sink.close()
     with open(tmp_path / "csv" / "metrics.csv", newline="") as file:
         rows = list(csv.DictReader(file))
     assert rows == [{"step": "1", "train/loss": "2.0", "val/accuracy": ""},
-                    {"step": "2", "train/loss": "1.5", "val/accuracy": ""},
-                    {"step": "2", "train/loss": "", "val/accuracy": "0.5"}]
+                    {"step": "2", "train/loss": "1.5", "val/accuracy": "0.5"},
+                    {"step": "3", "train/loss": "1.4", "val/accuracy": "0.75"}]
     assert (tmp_path / "csv" / "hparams.csv").read_text().splitlines() == [
-        "key,value", "optimizer.lr,0.1", "final/val/accuracy,0.5"]
+        "key,value", "optimizer.lr,0.1", "final/val/accuracy,0.75"]
     resumed = CsvSink(tmp_path, start_step=1)  # a run resumed from step 1 drops what came after it
     resumed.log(2, {"train/loss": 1.25})
     with open(tmp_path / "csv" / "metrics.csv", newline="") as file:

@@ -84,6 +84,9 @@ def test_runner_plan_prints_the_figures_without_building_data(capsys, monkeypatc
                                "gathered while computing 135.0 KiB = 675.2 KiB")
     assert lines[3] == "batch: 32 global per optimizer step = 8 per device x 2 process(es) x 2 accumulation step(s)"
     assert lines[4] == "steps: at most 50 optimizer steps (trainer.max_steps) within 3 epoch(s)"
+    by_epochs = describe_run(load(["trainer.max_steps=null", "trainer.max_epochs=2"])).splitlines()[4]
+    assert by_epochs == ("steps: 2 epoch(s), each of (training rows / 64, the global batch) optimizer steps (the plan "
+                         "builds no data; `runner recipes validate NAME` counts them)")
     assert lines[5].startswith("fits: yes, 675.2 KiB of ") and lines[5].endswith(" per process, before activations")
 
     cli_main(["plan", "parallel=ddp", "hardware=multi_cpu", "hardware.num_processes=2",  # `runner plan ...`

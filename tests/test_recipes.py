@@ -23,6 +23,16 @@ def test_list_names_every_recipe_with_its_line_and_where_it_is(project, capsys):
     assert any(line.startswith("mine ") and line.endswith(": Mine, to try things.") for line in out.splitlines())
     assert any(line.startswith("reverse ") and "built-in: Reverse sequences of 12 random digits" in line
                for line in out.splitlines())
+    assert "none of your own yet" not in out
+
+
+def test_list_with_no_recipes_of_yours_says_where_they_go(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RUNNER_RECIPE_PATH", raising=False)
+    recipes.main(["list"])
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last == (f"(none of your own yet: a recipe of yours goes in {tmp_path.resolve() / 'recipes'}, or in a "
+                    "folder on $RUNNER_RECIPE_PATH; start from a copy: runner recipes copy digits_mlp my_digits)")
 
 
 def test_show_prints_the_whole_composed_config(project, capsys):
@@ -46,7 +56,11 @@ def test_show_of_a_recipe_with_values_still_to_set_prints_it_and_names_them(proj
 def test_copy_puts_an_editable_copy_in_recipes_and_never_overwrites(project, capsys):
     recipes.main(["copy", "digits_mlp", "my_digits"])
     copied = project / "recipes" / "my_digits.yaml"
-    assert copied.read_text() == recipes.available()["digits_mlp"].path.read_text()
+    original = recipes.available()["digits_mlp"].path.read_text().splitlines(keepends=True)
+    # The same recipe, with a header line that names the copy and where it came from.
+    assert copied.read_text().splitlines(keepends=True) == [
+        original[0], "# Recipe my_digits, copied from the built-in recipe digits_mlp; run it: runner recipe=my_digits\n",
+        *original[1:]]
     assert "runner recipe=my_digits" in capsys.readouterr().out
     with pytest.raises(SystemExit) as refused:
         recipes.main(["copy", "digits_mlp", "my_digits"])

@@ -32,8 +32,8 @@ def describe_run(spec) -> str:
     trainer = config.trainer
     steps = (f"at most {trainer.max_steps} optimizer steps (trainer.max_steps) within {trainer.max_epochs} epoch(s)"
              if trainer.max_steps else
-             f"{trainer.max_epochs} epoch(s) of training rows / {batch.global_batch} optimizer steps each (the plan "
-             "builds no data; `runner recipes validate NAME` counts them)")
+             f"{trainer.max_epochs} epoch(s), each of (training rows / {batch.global_batch}, the global batch) "
+             "optimizer steps (the plan builds no data; `runner recipes validate NAME` counts them)")
     capacity = memory_per_process(hardware)
     if capacity is None:
         fits = f"unknown: the memory of a {hardware.device_type} device is not known here"

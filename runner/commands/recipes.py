@@ -12,7 +12,6 @@ same message as a real run.
 
 from __future__ import annotations
 
-import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +48,11 @@ def listing() -> str:
     width = max(map(len, recipes), default=0)
     lines = [f"{name:<{width}}  {'built-in' if recipe.builtin else str(recipe.path.parent)}: {recipe.description}"
              for name, recipe in sorted(recipes.items())]
+    if all(recipe.builtin for recipe in recipes.values()):
+        from runner.config.search_path import RECIPE_PATH_VARIABLE
+
+        lines.append(f"(none of your own yet: a recipe of yours goes in {Path('recipes').resolve()}, or in a folder "
+                     f"on ${RECIPE_PATH_VARIABLE}; start from a copy: runner recipes copy digits_mlp my_digits)")
     return "\n".join(lines)
 
 
@@ -88,7 +92,13 @@ def copy(name: str, target: str | None = None) -> Path:
     if destination.exists():
         raise ConfigError("recipe", f"{destination} exists already; give another name: runner recipes copy {name} NEW")
     destination.parent.mkdir(exist_ok=True)
-    shutil.copyfile(recipe.path, destination)
+    # The header names the new recipe, so the file says what it is wherever it is opened.
+    lines = recipe.path.read_text(encoding="utf-8").splitlines(keepends=True)
+    at = 1 if lines and "@package" in lines[0] else 0
+    origin = "built-in recipe" if recipe.builtin else f"recipe in {recipe.path.parent}"
+    lines.insert(at, f"# Recipe {destination.stem}, copied from the {origin} {name}; run it: runner "
+                     f"recipe={destination.stem}\n")
+    destination.write_text("".join(lines), encoding="utf-8")
     return destination
 
 

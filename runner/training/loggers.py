@@ -172,8 +172,8 @@ class JsonlSink(_FileSink):
 
 
 class CsvSink(_FileSink):
-    """`<run dir>/csv/metrics.csv`: a `step` column and one column per metric (a metric not logged at a step is an
-    empty cell; a new metric rewrites the file with the wider header); `csv/hparams.csv`: `key,value` rows of the
+    """`<run dir>/csv/metrics.csv`: one row per step, a `step` column and one column per metric (a metric not
+    logged at a step is an empty cell; a new metric rewrites the file with the wider header); `csv/hparams.csv`: `key,value` rows of the
     flattened config, then `final/<metric>` rows."""
 
     def __init__(self, run_dir: Path, start_step: int = 0, run: RunInfo = RunInfo()):
@@ -192,16 +192,20 @@ class CsvSink(_FileSink):
                 self._rewrite()
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        row = {"step": step, **metrics}
         with self._writing(f"csv/metrics.csv at step {step}"):
-            self._rows.append(row)
+            # One row per step: an evaluation logged after the step's training line joins that line's row.
+            same_step = bool(self._rows) and int(self._rows[-1]["step"]) == step
+            if same_step:
+                self._rows[-1].update(metrics)
+            else:
+                self._rows.append({"step": step, **metrics})
             new = [name for name in metrics if name not in self._columns]
-            if new:
-                self._columns += new
+            self._columns += new
+            if new or same_step:
                 self._rewrite()
             else:
                 with open(self._path, "a", newline="", encoding="utf-8") as file:
-                    csv.DictWriter(file, self._columns).writerow(row)
+                    csv.DictWriter(file, self._columns).writerow(self._rows[-1])
 
     def _rewrite(self) -> None:
         partial = self._path.with_name(".partial-metrics.csv")
