@@ -222,6 +222,9 @@ def test_torchrun_starts_the_ranks_and_they_share_one_run_dir(tmp_path):
     assert not (run_dir / "ranks").exists()  # no respawn: torchrun's processes are the workers
     assert len({_worker_pid(run_dir, 0), _worker_pid(run_dir, 1)}) == 2
     assert [row["step"] for row in read_jsonl(run_dir / "metrics.jsonl") if "train/loss" in row] == [1, 2]
+    # Each rank logs to its own file; the console gets rank 0's lines only, as under the runner's own launcher.
+    assert (result.stdout + result.stderr).count("run dir: ") == 1, result.stdout + result.stderr
+    assert (run_dir / "runner_rank1.log").read_text().count("run dir: ") == 1
 
 
 def test_torchrun_sweep_keeps_one_process_group_across_jobs(tmp_path):

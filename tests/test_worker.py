@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 def test_machine_1_resuming_machine_0_s_checkpoint_is_an_exact_continuation(tmp_path, caplog):
     from runner.training.checkpointer import restore
@@ -19,3 +21,32 @@ def test_machine_1_resuming_machine_0_s_checkpoint_is_an_exact_continuation(tmp_
     with caplog.at_level("WARNING"):  # any other difference still counts
         restore(path, _objects()[0], world_size=1, resolved=as_machine_0({**on_machine_1, "seed": 99}))
     assert "no longer an exact continuation" in caplog.text
+
+
+def test_library_warnings_go_to_the_log_file_only(tmp_path):
+    import io
+    import logging
+    import sysconfig
+    import warnings
+
+    from runner.launch.worker import library_warnings_to_the_log_file
+
+    root = logging.getLogger()
+    saved = list(root.handlers)
+    console, log_file = logging.StreamHandler(io.StringIO()), logging.FileHandler(tmp_path / "runner.log")
+    root.handlers[:] = [console, log_file]
+    try:
+        library_warnings_to_the_log_file()
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            library = str(Path(sysconfig.get_path("purelib")) / "torch" / "distributed" / "fsdp.py")
+            warnings.warn_explicit("returned a view tensor", UserWarning, filename=library, lineno=1)
+            warnings.warn_explicit("my own warning", UserWarning, filename=str(tmp_path / "train.py"), lineno=3)
+    finally:
+        logging.captureWarnings(False)
+        root.handlers[:] = saved
+        log_file.close()
+    shown = console.stream.getvalue()
+    assert "my own warning" in shown and "returned a view tensor" not in shown
+    kept = (tmp_path / "runner.log").read_text()
+    assert "my own warning" in kept and "returned a view tensor" in kept

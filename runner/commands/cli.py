@@ -30,7 +30,7 @@ from runner.run.compose import (
     CONFIG_DIR, CONFIG_NAME, callback_problems, composition_error, freeze, preflight, swap_recipe_groups,
     task_overrides, with_group_origin, with_recipe, with_sources,
 )
-from runner.launch.worker import missing_final_artifacts
+from runner.launch.worker import console_from_rank_zero_only, missing_final_artifacts
 from runner.sweep.report import finished_result
 from runner.launch.shutdown import skip_collection_at_exit
 from runner.sweep.callback import refuse_search_under_torchrun
@@ -186,6 +186,7 @@ def run_task(cfg: DictConfig, run_dir: rundir.RunDir | None = None) -> float:
     job, whose numbered dir Hydra made just now)."""
     hydra = HydraConfig.get()
     multirun = hydra.mode == RunMode.MULTIRUN
+    console_from_rank_zero_only()  # Hydra has just set up this job's logging, the console on every rank
     run_dir = run_dir or rundir.inspect(Path(hydra.runtime.output_dir))
     swap_recipe_groups(cfg, hydra)
     try:

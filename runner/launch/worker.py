@@ -23,6 +23,7 @@ from runner.distributed.dist import (
     config_mismatch,
     destroy_process_group,
     exit_with_parent,
+    external_rank,
     init_process_group,
     keep_process_group_until_exit,
     peer_store,
@@ -50,6 +51,7 @@ def run(spec: RunSpec, keep_process_group: bool = False) -> dict[str, float]:
     """Entry point of every worker, in-process or started by a launcher. Returns final metrics."""
     dist = DistInfo.from_env()
     peers = NoPeers()
+    library_warnings_to_the_log_file()
     try:
         with stop_during_startup():
             _join(spec, dist, keep_process_group)
@@ -243,6 +245,48 @@ class _NoTraceback(logging.Formatter):
             return super().format(record)
         finally:
             record.exc_info, record.exc_text = saved
+
+
+class _NotFromLibraries(logging.Filter):
+    """Drops, on the console, a Python warning raised inside an installed library or the standard library (FSDP's
+    "returned a view tensor", torchao's start-up notes): it is in the run's log file, and the console keeps the
+    run's own lines and the warnings of the user's code."""
+
+    def __init__(self):
+        super().__init__()
+        import sysconfig
+
+        self._library_roots = tuple({sysconfig.get_path(name) for name in ("purelib", "platlib", "stdlib")})
+        # The runner's own warnings are for the user, wherever it is installed.
+        self._runner_root = str(Path(__file__).resolve().parents[1])
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name != "py.warnings":
+            return True
+        where = str(record.args[0] if record.args else record.msg).split(":", 1)[0]
+        return where.startswith(self._runner_root) or not where.startswith(self._library_roots)
+
+
+def library_warnings_to_the_log_file() -> None:
+    """Python warnings become log records (logging.captureWarnings), so they reach this process's log file; the
+    console handlers then leave out those a library raised (`_NotFromLibraries`)."""
+    logging.captureWarnings(True)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler) and not any(
+                isinstance(existing, _NotFromLibraries) for existing in handler.filters):
+            handler.addFilter(_NotFromLibraries())
+
+
+def console_from_rank_zero_only() -> None:
+    """Under torchrun or srun every rank is a `python -m runner` whose Hydra logging writes to the console as well
+    as to its own runner_rank<N>.log: only rank 0 keeps the console, as under the runner's own launcher
+    (`_log_to_rank_file`), so a run's lines are not printed once per rank."""
+    if external_rank() in (None, 0):
+        return
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+            root.removeHandler(handler)
 
 
 def _log_to_rank_file(path: Path, console: bool) -> None:
