@@ -306,5 +306,5 @@ def test_every_python_m_command_named_in_the_readme_and_pages_exists():
                    and importlib.util.find_spec(name + ".__main__") is None)]
     assert not missing, f"commands the docs name that do not exist: {missing}"
     words = set(re.findall(r"python -m runner ([a-z]+)(?=[\s`|])", text))
-    assert {"machine", "sample", "env", "plan", "recipes"} <= words
+    assert {"machine", "sample", "env", "plan"} <= words
     assert words <= set(COMMANDS), f"commands the docs name that do not exist: {sorted(words - set(COMMANDS))}"

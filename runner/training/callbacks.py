@@ -283,8 +283,9 @@ EMA_EXPORT = "export/ema.safetensors"
 
 def end_artifacts(nodes: dict[str, Any]) -> list[str]:
     """The files (relative to the run dir) that the configured built-in callbacks write when the run ends."""
-    return [EMA_EXPORT for node in nodes.values()
-            if node.get("_target_") == f"{__name__}.EMA" and node.get("export", True)]
+    # Recipes write the public name (runner.callbacks.EMA), which forwards to this module's.
+    ema = {"runner.callbacks.EMA", f"{__name__}.EMA"}
+    return [EMA_EXPORT for node in nodes.values() if node.get("_target_") in ema and node.get("export", True)]
 
 
 class LearningRateMonitor(Callback):
