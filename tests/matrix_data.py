@@ -1,5 +1,6 @@
 """Small files for composing every recipe with every config-group option (tests/test_recipe_matrix.py): the data each
-data group reads, written once, plus the overrides that make each run tiny."""
+data group reads, written once, plus the overrides that make each run tiny. tests/golden.py trains every recipe on
+these same files: a change here moves the golden losses (re-record them: python tests/golden.py --record)."""
 
 from __future__ import annotations
 
