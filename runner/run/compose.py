@@ -32,14 +32,9 @@ log = logging.getLogger("runner")
 
 register_configs()
 
-
 # An absolute path: `python -m runner` works from any working directory, from a checkout or an installed wheel.
 CONFIG_DIR = str(config_dir())
-
-
 CONFIG_NAME = "config"
-
-
 # Targets a Hydra callback may name besides allowed_targets: Hydra's own callbacks.
 CALLBACK_PREFIXES = ("runner.sweep.", "hydra.experimental.callbacks.")
 
