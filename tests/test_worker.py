@@ -35,6 +35,8 @@ def test_library_warnings_go_to_the_log_file_only(tmp_path):
     saved = list(root.handlers)
     console, log_file = logging.StreamHandler(io.StringIO()), logging.FileHandler(tmp_path / "runner.log")
     root.handlers[:] = [console, log_file]
+    # pytest records warnings itself; a capture left on by an earlier in-process run would stay in its way.
+    logging.captureWarnings(False)
     try:
         library_warnings_to_the_log_file()
         with warnings.catch_warnings():
