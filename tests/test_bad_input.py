@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -100,7 +101,7 @@ CASES = [
      "allowed_targets"),
     ("bad patience", ["callbacks=[early_stopping]", "callbacks.early_stopping.patience=0"],
      "callbacks.early_stopping.patience", "patience is 0; it must be 1 or more"),
-    ("an optional logger not installed", ["logger=[mlflow]"], "logger.mlflow", "pip install 'runner[mlflow]'"),
+    ("an optional logger not installed", ["logger=[mlflow]"], "logger.mlflow", "pip install 'mlflow>=2.10'"),
     ("limit of no batches", ["trainer.limit_train_batches=0"], "trainer.limit_train_batches", "it must be positive"),
     ("limit below one step's micro-batches", ["trainer.limit_train_batches=2", "trainer.grad_accum_steps=4"],
      "trainer.limit_train_batches", "is 2 micro-batches, fewer than the 4 that one optimizer step accumulates"),
@@ -248,5 +249,7 @@ def test_a_data_error_on_two_processes_is_one_paragraph_naming_the_key(user_fold
                      "hardware.start_method=fork", "trainer.progress_bar=false", cwd=user_folder)
     assert result.returncode == 1, result.output
     assert "runner: error: bad config: model.out_features: is 3, but the data's 'label' holds class 5" in result.stderr
-    assert "(rank 0, before the first optimizer step)" in result.stderr
+    # Both ranks read the data and raise the same error; the report names the one that exited first, which under
+    # load can be rank 1 (seen in tests/stress.sh).
+    assert re.search(r"\(rank [01], before the first optimizer step\)", result.stderr), result.stderr
     assert "Traceback" not in result.output
