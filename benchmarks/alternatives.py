@@ -1,7 +1,7 @@
 """What a user would pick instead of the runner, as benchmark arms: HuggingFace Accelerate and Lightning Fabric.
 
 Each drives the benchmarks' own plain loop the way its README writes one: set the model and optimizer up, call its
-backward, save and load through it. Both are optional (`pip install -e '.[bench]'`): an arm whose package is
+backward, save and load through it. Both are optional (the `bench` extra): an arm whose package is
 missing is skipped, and the report says so instead of printing a figure.
 """
 
@@ -11,6 +11,8 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
+
+from runner.ground import install_hint
 
 # Arm name -> the module it needs. The plain loop and the runner are always measured.
 FRAMEWORKS = {"accelerate": "accelerate", "fabric": "lightning_fabric"}
@@ -38,7 +40,7 @@ def interleaved(arms, index: int) -> list:
 
 
 def missing_note(arm: str) -> str:
-    return f"{LABELS[arm]}: not measured ({FRAMEWORKS[arm]} is not installed: pip install -e '.[bench]')"
+    return f"{LABELS[arm]}: not measured ({FRAMEWORKS[arm]} is not installed: {install_hint('bench')})"
 
 
 @dataclass

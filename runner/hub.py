@@ -8,6 +8,7 @@ import socket
 from urllib.parse import urlparse
 
 from runner.errors import ConfigError
+from runner.ground import install_hint
 
 
 def load_pretrained(loader: str, name: str, key: str, **kwargs):
@@ -35,7 +36,7 @@ def import_transformers(key: str):
     try:
         import transformers
     except ImportError as err:
-        raise ConfigError(key, "needs HuggingFace transformers: pip install -e '.[transformers]'") from err
+        raise ConfigError(key, f"needs HuggingFace transformers: {install_hint('transformers')}") from err
     return transformers
 
 

@@ -146,7 +146,8 @@ def test_an_arm_whose_package_is_missing_is_skipped_with_a_note(monkeypatch):
     monkeypatch.setattr(overhead.alternatives, "installed", lambda arm: arm != "fabric")
     row = overhead.compare_loops(TINY, pairs=1, steps=4, warmup=2, rounds=2, arms=("plain", "runner", "fabric"))
     assert tuple(row["arms"]) == ("plain", "runner")
-    note = "Lightning Fabric: not measured (lightning_fabric is not installed: pip install -e '.[bench]')"
+    note = ("Lightning Fabric: not measured (lightning_fabric is not installed: pip install 'accelerate>=1.0' "
+            "'lightning-fabric>=2.4' (the 'bench' extra of runner-ml))")
     assert row["missing"] == [note]
     assert f"  {note}" in overhead.report({"tiny": row}, pairs=1).splitlines()
 

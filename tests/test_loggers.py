@@ -165,8 +165,8 @@ def test_mlflow_without_the_package_names_the_extra_to_install(tmp_path):
         make_logger(tmp_path, is_main=True, sinks={"mlflow": {"_target_": "runner.loggers.MlflowSink",
                                                               "_partial_": True}}, jsonl=False)
     assert str(err.value) == ("bad config: logger.mlflow: needs the mlflow package, which is not installed; install it with "
-                              "pip install 'runner[mlflow]' (or pip install mlflow), or leave mlflow out of "
-                              "logger=[...]")
+                              "pip install 'mlflow>=2.10' (the 'mlflow' extra of runner-ml), or leave mlflow "
+                              "out of logger=[...]")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb is not installed")

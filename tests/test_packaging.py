@@ -43,7 +43,7 @@ def installed(tmp_path_factory) -> Path:
     wheels, target = tmp_path_factory.mktemp("wheel"), tmp_path_factory.mktemp("site")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(ROOT),
                     "-w", str(wheels)], check=True, capture_output=True)
-    (wheel,) = wheels.glob("runner-*.whl")
+    (wheel,) = wheels.glob("runner_ml-*.whl")
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
                    check=True, capture_output=True)
     return target
@@ -141,3 +141,88 @@ def test_the_accelerator_alone_imports_nothing_a_hand_written_loop_does_not_use(
     assert data_modules == "", data_modules
     heavy = {"hydra", "omegaconf", "yaml", "datasets", "tensorboard", "safetensors", "pyarrow", "pandas", "tqdm"}
     assert imported & heavy == set(), imported
+
+
+# -- install hints: the distribution's name and its extras -----------------------------------------------------------
+
+def _declared_extras() -> dict[str, list[str]]:
+    import tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+
+
+HINT_PATTERNS = (
+    r"install_hint\(\s*[\"'](\w+)[\"']",  # a message built by runner.ground.install_hint
+    r"pip install -e [\"']\.\[([\w,]+)\][\"']",  # in the docs: run in a checkout
+    r"`(\w+)` extra of runner-ml",  # comments in conf/ and recipes/, which ship in the wheel
+)
+
+
+def test_every_install_hint_names_an_extra_pyproject_declares():
+    extras, named, wrong_distribution = _declared_extras(), [], []
+    files = [ROOT / "README.md", *(ROOT / "docs").rglob("*.md"), *(ROOT / "conf").rglob("*.yaml"),
+             *(ROOT / "recipes").rglob("*.yaml"), *(ROOT / "runner").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")]
+    for path in files:
+        text = path.read_text()
+        for pattern in HINT_PATTERNS:
+            for match in re.finditer(pattern, text):
+                line = text.count("\n", 0, match.start()) + 1
+                named += [(f"{path.relative_to(ROOT)}:{line}", extra) for extra in match.group(1).split(",")]
+        # `runner` on the package index is someone else's project (a 2013 command runner)
+        wrong_distribution += [f"{path.relative_to(ROOT)}: {hint}" for hint in re.findall(r"pip install '?runner\[\w+\]", text)]
+    from runner.run.compose import PLUGIN_EXTRAS
+
+    named += [(f"PLUGIN_EXTRAS[{config!r}]", extra) for config, extra in PLUGIN_EXTRAS.items()]
+    assert len(named) > 30, named  # the patterns still find the hints
+    assert [f"{where}: '{extra}'" for where, extra in named if extra not in extras] == []
+    assert wrong_distribution == []
+
+
+def test_an_install_hint_lists_the_extras_own_packages_from_any_folder(installed, tmp_path):
+    """From the wheel installed in a folder of its own, run in an unrelated folder: the hint is the extra's packages
+    as pyproject declares them, which pip installs from anywhere (an editable `.[digits]` only works in a checkout)."""
+    from packaging.requirements import Requirement
+
+    extras = _declared_extras()
+    probe = "from runner.ground import install_hint\nfor extra in %r: print(install_hint(extra))" % sorted(extras)
+    result = subprocess.run([sys.executable, "-S", "-c", probe], env=_isolated(installed), cwd=tmp_path,
+                            capture_output=True, text=True, timeout=WAIT_S)
+    assert result.returncode == 0, result.stderr
+    for extra, hint in zip(sorted(extras), result.stdout.splitlines()):
+        packages, suffix = re.fullmatch(r"pip install (.+) \(the '(\w+)' extra of runner-ml\)", hint).groups()
+        assert suffix == extra
+        assert sorted(map(str, map(Requirement, re.findall(r"'([^']+)'", packages)))) == \
+            sorted(map(str, map(Requirement, extras[extra]))), hint
+
+
+def test_a_missing_hydra_plugin_config_names_the_extra_to_install(monkeypatch):
+    """Hydra's own error for a config that only a plugin provides ("Could not find 'hydra/launcher/...'"), as the
+    runner prints it: with the extra that installs the plugin. A name no plugin provides stands in for the plugin
+    that is installed here."""
+    from runner.errors import ConfigError
+    from runner.run import compose
+
+    monkeypatch.setitem(compose.PLUGIN_EXTRAS, "hydra/launcher/absent_plugin", "slurm")
+    with pytest.raises(ConfigError) as err:
+        compose.compose_config(["hydra/launcher=absent_plugin"])
+    assert str(err.value).endswith(
+        "Could not find 'hydra/launcher/absent_plugin': that config comes with a Hydra plugin that is not installed; "
+        "install it with pip install 'hydra-submitit-launcher==1.2.0' (the 'slurm' extra of runner-ml)"), str(err.value)
+
+
+def test_each_plugin_config_with_an_extra_comes_from_a_package_of_it():
+    """Each config in PLUGIN_EXTRAS composes here (its plugin is installed), and its `_target_` lives in a package
+    that the named extra installs (hydra_plugins.hydra_joblib_launcher... -> hydra-joblib-launcher)."""
+    from hydra import compose, initialize_config_dir
+    from packaging.requirements import Requirement
+
+    from runner.run.compose import CONFIG_DIR, CONFIG_NAME, PLUGIN_EXTRAS
+
+    extras = _declared_extras()
+    for config, extra in PLUGIN_EXTRAS.items():
+        group, name = config.rsplit("/", 1)
+        with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+            cfg = compose(CONFIG_NAME, overrides=[f"{group}={name}"], return_hydra_config=True)
+        target = cfg.hydra[group.split("/")[1]]["_target_"]
+        package = target.split(".")[1].replace("_", "-")  # hydra_plugins.<package>.<module>.<Class>
+        assert package in {Requirement(requirement).name for requirement in extras[extra]}, (config, target, extra)

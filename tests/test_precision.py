@@ -90,7 +90,7 @@ def test_fp8_without_torchao_names_the_extra_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "torchao.float8", None)  # import now raises ImportError
     problems = precision_problems(PrecisionKind.fp8, fp8_emulation=True, device_type="cpu")
     assert [problem.key for problem in problems] == ["precision"]
-    assert "pip install 'runner[fp8]'" in problems[0].message
+    assert "pip install 'torchao>=0.10' (the 'fp8' extra of runner-ml)" in problems[0].message
 
 
 def test_fp16_on_tpu_is_a_problem():

@@ -9,6 +9,7 @@ from torch import nn
 
 from runner.config import PrecisionKind
 from runner.errors import HardwareError, Problem
+from runner.ground import install_hint
 
 AUTOCAST_DTYPES = {
     PrecisionKind.fp32: None,
@@ -18,7 +19,7 @@ AUTOCAST_DTYPES = {
     PrecisionKind.fp8: torch.bfloat16,
 }
 FP8_MIN_CAPABILITY = (8, 9)  # Ada / Hopper: the first GPUs with fp8 tensor cores
-FP8_INSTALL = "pip install 'runner[fp8]' (torchao>=0.10)"
+FP8_INSTALL = install_hint("fp8")
 _NO_AUTOCAST = nullcontext()  # reusable: fp32 enters it every micro-step, so no new object each time
 
 

@@ -6,7 +6,7 @@ each split becomes two columns, `pixels` (uint8, channels x size x size, flatten
 draws batches of those like any other columns (in memory when the split fits `trainer.data_in_memory_mb`, else
 streamed from the Arrow file), and the per-batch work (normalising, random crop and flip for training) runs batched on
 the device in the model's first layer (runner.models.ImagePreprocess), never per sample in Python.
-Reading image files needs Pillow (`pip install -e '.[images]'`).
+Reading image files needs Pillow (the `images` extra).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from runner.errors import ConfigError, DataError
+from runner.ground import install_hint
 
 MODES = {1: "L", 3: "RGB"}
 
@@ -75,7 +76,7 @@ def digits_images(validation_fraction: float = 0.2, seed: int = 0):
         from sklearn.datasets import load_digits
     except ImportError as err:
         raise DataError("data: the digits come with scikit-learn, which is not installed; "
-                        "pip install -e '.[digits]'") from err
+                        f"{install_hint('digits')}") from err
     import datasets
 
     bunch = load_digits()

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from runner.errors import ConfigError, DataError
+from runner.ground import install_hint
 from runner.hub import hub_unreachable
 
 FILE_FORMATS = ("csv", "json", "parquet")
@@ -141,7 +142,7 @@ def sklearn_digits(validation_fraction: float = 0.2, seed: int = 0):
     except ImportError as err:
         raise DataError(
             "data: this recipe reads scikit-learn's bundled digits, and scikit-learn is not installed; "
-            "install it with `pip install -e '.[digits]'`"
+            f"install it with {install_hint('digits')}"
         ) from err
     import datasets
 

@@ -153,7 +153,7 @@ class TokenizersTokenizer:
 # -- a transformers tokenizer by name -----------------------------------------------------------------------------
 
 class Pretrained:
-    """A `transformers` tokenizer by Hub name or local directory (`pip install -e '.[transformers]'`). Offline, a
+    """A `transformers` tokenizer by Hub name or local directory (the `transformers` extra). Offline, a
     name that is not in the Hugging Face cache fails in seconds, naming the cache to fill."""
 
     def __init__(self, name: str, vocab_size: int):

@@ -23,6 +23,7 @@ from runner.config.search_path import config_dir
 from runner.distributed.devices import resolve_hardware
 from runner.distributed.dist import restart_count, writes_run_dir
 from runner.errors import ConfigError, Problem, RunnerError, write_failure
+from runner.ground import install_hint
 from runner.run.checks import check
 from runner.run.resolvers import register_configs
 from runner.training.batch_plan import batch_plan
@@ -37,6 +38,10 @@ CONFIG_DIR = str(config_dir())
 CONFIG_NAME = "config"
 # Targets a Hydra callback may name besides allowed_targets: Hydra's own callbacks.
 CALLBACK_PREFIXES = ("runner.sweep.", "hydra.experimental.callbacks.")
+# Hydra configs that a plugin brings, and the extra that installs the plugin (conf/hparams_search,
+# conf/hydra/launcher).
+PLUGIN_EXTRAS = {"hydra/sweeper/optuna": "sweeps", "hydra/launcher/joblib": "sweeps",
+                 "hydra/launcher/submitit_slurm": "slurm", "hydra/launcher/submitit_local": "slurm"}
 
 
 def composition_error(err: BaseException, overrides: list[str]) -> str:
@@ -46,6 +51,10 @@ def composition_error(err: BaseException, overrides: list[str]) -> str:
     from hydra.errors import OverrideParseException
 
     text = str(err).strip()
+    plugin = re.search(r"Could not (?:find|load) '(hydra/(?:sweeper|launcher)/\w+)'", text)
+    if plugin and plugin.group(1) in PLUGIN_EXTRAS:  # a Hydra plugin that an optional extra installs
+        return (f"{text.splitlines()[0].rstrip('.')}: that config comes with a Hydra plugin that is not installed; "
+                f"install it with {install_hint(PLUGIN_EXTRAS[plugin.group(1)])}")
     missing = re.match(r"In '[^']*': Could not load '([\w/]+)/(\w+)'", text)
     if missing:  # an unknown name in a list group (logger=[tensorboard,tensorbord]): Hydra lists no options there
         group, name = missing.groups()

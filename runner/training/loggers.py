@@ -24,7 +24,7 @@ from typing import Any, Iterator
 import yaml
 
 from runner.errors import ConfigError, Problem, WriteError, write_failure
-from runner.ground import flatten_hparams
+from runner.ground import flatten_hparams, install_hint
 from runner.training.metrics import _drop_rows_after
 
 
@@ -276,14 +276,14 @@ def extra_problems(sinks: dict[str, Any]) -> list[Problem]:
         module, _, sink_class = str((node or {}).get("_target_")).rpartition(".")
         package = EXTRAS.get(sink_class) if module in SINK_MODULES else None
         if package and importlib.util.find_spec(package) is None:
-            problems += _missing_extra(name, package, package).problems
+            problems += _missing_extra(name, package).problems
     return problems
 
 
-def _missing_extra(sink: str, package: str, extra: str) -> ConfigError:
+def _missing_extra(sink: str, package: str) -> ConfigError:
+    """Each optional sink's extra is named after its package."""
     return ConfigError(f"logger.{sink}", f"needs the {package} package, which is not installed; install it with "
-                                         f"pip install 'runner[{extra}]' (or pip install {package}), or leave "
-                                         f"{sink} out of logger=[...]")
+                                         f"{install_hint(package)}, or leave {sink} out of logger=[...]")
 
 
 class WandbSink:
@@ -296,7 +296,7 @@ class WandbSink:
         try:
             import wandb
         except ImportError:
-            raise _missing_extra("wandb", "wandb", "wandb") from None
+            raise _missing_extra("wandb", "wandb") from None
         self._run = wandb.init(project=project, entity=entity, name=run.name, tags=list(run.tags) or None,
                                notes=run.notes, group=group, dir=str(run_dir), mode=mode, resume="allow",
                                id=_tracker_id(run_dir))
@@ -324,7 +324,7 @@ class MlflowSink:
         try:
             import mlflow
         except ImportError:
-            raise _missing_extra("mlflow", "mlflow", "mlflow") from None
+            raise _missing_extra("mlflow", "mlflow") from None
         self._mlflow = mlflow
         mlflow.set_tracking_uri(tracking_uri or (run_dir / "mlruns").resolve().as_uri())
         mlflow.set_experiment(experiment)
