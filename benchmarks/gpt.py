@@ -5,9 +5,10 @@
     python benchmarks/gpt.py shakespeare.txt --pairs 1 --steps 200    # a quick look
 
 Both arms train nanoGPT's CPU "baby GPT" as recipes/gpt.yaml sets it up (4 layers, 4 heads, 128 wide, block 64,
-batch 12, AdamW 1e-3 with betas (0.9, 0.99) and weight decay 0.1, 100 warm-up steps then cosine decay to 1e-4,
-gradients clipped at 1.0), from the same initial weights (seed), on the same token files (the recipe's character
-tokenizer, the last 10% of lines held out), evaluating the whole validation split every 250 steps and at the end:
+batch 12, AdamW 1e-3 with betas (0.9, 0.99) and weight decay 0.1 (not on biases and norms), 100 warm-up steps then
+cosine decay to 1e-4, gradients clipped at 1.0), from the same initial weights (seed), on the same token files (the
+recipe's character tokenizer, the last 10% of lines held out), evaluating the whole validation split every 250 steps
+and at the end:
 
 - runner: `runner.launch.worker.train` on the composed recipe (what `python -m runner recipe=gpt` runs after composing,
   minus checkpoints): the real Loop, Accelerator, batch source, task and TensorBoard/JSONL logging;
@@ -110,7 +111,12 @@ def plain_arm(corpus: str, steps: int, seed: int) -> dict:
 
     torch.manual_seed(seed)
     model = GPT(**{key: value for key, value in model_cfg.items() if key != "_target_"})
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.1)
+    # nanoGPT's configure_optimizers: weight decay on the tensors of 2 or more dimensions only (the recipe's
+    # optimizer=adamw_transformer leaves out biases and norm weights: the same tensors).
+    decay = [parameter for parameter in model.parameters() if parameter.dim() >= 2]
+    no_decay = [parameter for parameter in model.parameters() if parameter.dim() < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=lr, betas=(0.9, 0.99))
     started = time.perf_counter()
     for it in range(steps):
         for group in optimizer.param_groups:

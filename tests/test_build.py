@@ -38,7 +38,7 @@ def test_target_in_a_missing_module():
 def test_build_model_optimizer_scheduler():
     model = build_model({"_target_": "runner.models.MLP", "in_features": 4, "out_features": 2, "hidden": [8]})
     assert [type(layer).__name__ for layer in model] == ["Linear", "ReLU", "Linear"]
-    optimizer = build_optimizer({"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.5}, model.parameters())
+    optimizer = build_optimizer({"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.5}, model)
     assert isinstance(optimizer, torch.optim.SGD) and optimizer.param_groups[0]["lr"] == 0.5
     scheduler = build_scheduler(
         {"_target_": "runner.schedules.warmup_cosine", "_partial_": True, "warmup_steps": 2}, optimizer, total_steps=10

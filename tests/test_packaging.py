@@ -161,7 +161,8 @@ HINT_PATTERNS = (
 def test_every_install_hint_names_an_extra_pyproject_declares():
     extras, named, wrong_distribution = _declared_extras(), [], []
     files = [ROOT / "README.md", *(ROOT / "docs").rglob("*.md"), *(ROOT / "conf").rglob("*.yaml"),
-             *(ROOT / "recipes").rglob("*.yaml"), *(ROOT / "runner").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")]
+             *(ROOT / "recipes").rglob("*.yaml"), *(ROOT / "runner").rglob("*.py"),
+             *(ROOT / "benchmarks").rglob("*.py")]
     for path in files:
         text = path.read_text()
         for pattern in HINT_PATTERNS:
@@ -169,7 +170,8 @@ def test_every_install_hint_names_an_extra_pyproject_declares():
                 line = text.count("\n", 0, match.start()) + 1
                 named += [(f"{path.relative_to(ROOT)}:{line}", extra) for extra in match.group(1).split(",")]
         # `runner` on the package index is someone else's project (a 2013 command runner)
-        wrong_distribution += [f"{path.relative_to(ROOT)}: {hint}" for hint in re.findall(r"pip install '?runner\[\w+\]", text)]
+        wrong_distribution += [f"{path.relative_to(ROOT)}: {hint}"
+                               for hint in re.findall(r"pip install '?runner\[\w+\]", text)]
     from runner.run.compose import PLUGIN_EXTRAS
 
     named += [(f"PLUGIN_EXTRAS[{config!r}]", extra) for config, extra in PLUGIN_EXTRAS.items()]

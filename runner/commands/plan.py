@@ -21,7 +21,7 @@ def describe_run(spec) -> str:
         model_node = fill_from_data(model_node, build_data(config.data)["train"], config.task)
     with torch.device("meta"):
         model = build_model(model_node)
-    memory = memory_plan(model, build_optimizer(config.optimizer, model.parameters()), config.parallel,
+    memory = memory_plan(model, build_optimizer(config.optimizer, model), config.parallel,
                          hardware.world_size, config.precision.kind)
     parts = [f"weights {human(memory.weight_bytes)}", f"gradients {human(memory.gradient_bytes)}",
              f"optimizer state {human(memory.optimizer_bytes)}"]

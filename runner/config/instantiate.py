@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import logging
 import re
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterator
 
 import hydra.utils
 from hydra.errors import InstantiationException
 from torch import nn
 
+from runner.config import param_groups
 from runner.errors import ConfigError, Problem, RunnerError, first_line
+
+log = logging.getLogger(__name__)
 
 REQUIRED_TARGETS = ("model", "optimizer", "data", "task")
 OPTIONAL_TARGETS = ("scheduler",)
@@ -168,9 +172,18 @@ def build_model(node: dict[str, Any]) -> nn.Module:
     return model
 
 
-def build_optimizer(node: dict[str, Any], parameters: Iterable[nn.Parameter]):
-    """The optimizer node is `_partial_: true`: it is called here with the model's parameters."""
-    return call_built("optimizer", node, instantiate("optimizer", node), parameters)
+def build_optimizer(node: dict[str, Any], model: nn.Module):
+    """The optimizer node is `_partial_: true`: it is called here with the model's parameters, split into the
+    parameter groups its `param_groups` names (runner/config/param_groups.py)."""
+    own, groups = param_groups.split_node(node)
+    factory = instantiate("optimizer", own)
+    if not groups:
+        return call_built("optimizer", own, factory, model.parameters())
+    split = param_groups.parameter_groups(model, groups)
+    optimizer = call_built("optimizer", own, factory, list(split.values()))
+    param_groups.check_options(optimizer, groups)
+    log.info("%s", param_groups.describe(optimizer, split))
+    return optimizer
 
 
 def build_scheduler(node: dict[str, Any] | None, optimizer, total_steps: int):

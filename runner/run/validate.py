@@ -44,7 +44,7 @@ def validate(config: RunConfig, hardware: Hardware, build_the_data: bool = True)
     model_node = config.model if splits is None else fill_from_data(config.model, splits["train"], config.task)
     with torch.device("meta"):
         model = build_model(model_node)
-    optimizer = build_optimizer(config.optimizer, model.parameters())
+    optimizer = build_optimizer(config.optimizer, model)
     task = build_task(config.task)
     if splits is None:
         scheduler_steps = config.trainer.max_steps or 1

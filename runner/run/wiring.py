@@ -82,7 +82,7 @@ def build_parts(config: RunConfig, batch: BatchPlan, accelerator: Accelerator, s
     if accelerator.precision.speed_warning():
         log.warning("%s", accelerator.precision.speed_warning())
     log.info("%s", batch.describe())
-    optimizer = build_optimizer(config.optimizer, model.parameters())
+    optimizer = build_optimizer(config.optimizer, model)
     splits = overfit_splits(splits, trainer, batch)  # after the model is sized from the whole training split
     log.info("%s", data_summary(splits))
     train_batches = make_batches(splits["train"], batch.per_device, trainer.overfit_batches is None, config.seed,
