@@ -73,7 +73,7 @@ def test_biases_on_a_model_without_biases_is_not_an_error():
     ({"g": {"weight_decay": 0.0}}, "optimizer.param_groups.g.select", "is not set"),
     ({"g": {"select": ["biases"], "weight_decy": 0.0}}, "optimizer.param_groups.g.weight_decy",
      "is not an option of AdamW; its options are "),
-    ({"a": {"select": ["*"]}, "b": {"select": ["biases"]}}, "optimizer.param_groups.b.select",
+    ({"a": {"select": ["biases"]}, "b": {"select": ["*.bias"]}}, "optimizer.param_groups.b.select",
      "that an earlier group does not already hold"),
     (["biases"], "optimizer.param_groups", "it must map group names"),
 ])
@@ -93,3 +93,9 @@ def test_the_transformer_recipes_leave_biases_and_norms_undecayed(recipe):
     overrides = [f"recipe={recipe}"] + (["data.train=x.txt"] if recipe != "reverse" else [])
     optimizer = OmegaConf.to_container(compose_config(overrides).optimizer)
     assert optimizer["param_groups"] == NO_DECAY and optimizer["_target_"] == "torch.optim.AdamW"
+
+
+def test_a_model_with_no_bias_or_norm_has_no_such_group():
+    model = nn.Linear(3, 3, bias=False)
+    (only,) = build_optimizer(_adamw(NO_DECAY), model).param_groups
+    assert only["params"] == [model.weight] and only["weight_decay"] == 0.5

@@ -11,8 +11,9 @@ adamw_transformer.yaml does just that. A group's `select` lists `biases` (parame
 parameter of a normalisation layer: LayerNorm, RMSNorm, BatchNorm, GroupNorm... by class, or a class whose name ends
 in `Norm`) or shell-style patterns on parameter names (`head.*`, `*.embed*`). A parameter goes to the first group that
 selects it; the parameters no group selects form one more group, first, with the optimizer's own options. A pattern
-that matches no name, a group left with no parameter, or an option the optimizer does not have is an error naming
-its key (torch would take an unknown group option silently); `biases` on a model without biases is not.
+that matches no name, a group with a pattern left with no parameter, or an option the optimizer does not have is an
+error naming its key (torch would take an unknown group option silently); a model without biases or norms just has
+no such group.
 """
 
 from __future__ import annotations
@@ -73,6 +74,10 @@ def parameter_groups(model: nn.Module, groups: dict[str, dict[str, Any]]) -> dic
     result = {OTHERS: {"params": others}} if others else {}
     for group, spec in groups.items():
         members = [parameter for name, parameter in named.items() if taken.get(name) == group]
+        if not members and all(str(selector) in NAMED_SELECTIONS for selector in _as_list(spec["select"])):
+            log.info("optimizer.%s.%s: %s has no %s; the group is left out", KEY, group, type(model).__name__,
+                     " or ".join(map(str, _as_list(spec["select"]))))
+            continue
         if not members:
             raise ConfigError(f"optimizer.{KEY}.{group}.select", f"selects no parameter of {type(model).__name__} "
                                                                  "that an earlier group does not already hold (a "
