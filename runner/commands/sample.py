@@ -1,6 +1,6 @@
 """Generate text from a trained language model with the tokenizer its run saved.
 
-    python -m runner sample <run dir | checkpoint dir | .safetensors file> prompt="ROMEO:" max_new_tokens=200 \\
+    python -m runner sample <run dir | checkpoint dir | .safetensors file> prompt="CORIOLANUS." max_new_tokens=200 \\
         temperature=0.8 top_k=200 num_samples=1 seed=0
 
 A run dir samples from export/final.safetensors (or, before the run has finished, its newest checkpoint); a
