@@ -249,6 +249,9 @@ class NullLogger:
         pass
 
 
+EVALUATION_PREFIX = "val/"
+
+
 class LogSink(NullLogger):
     """Each logged step as one line of the run's log (what a debug run, trainer.fast_dev_run, logs to)."""
 
@@ -258,7 +261,10 @@ class LogSink(NullLogger):
         self._log = logging.getLogger("runner.training.metrics")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        self._log.info("step %d: %s", step, ", ".join(f"{name}={value:.4g}" for name, value in metrics.items()))
+        # The loop logs its own evaluation (`val/...`) itself, once; a callback's (`val_ema/...`) only comes here.
+        shown = {name: value for name, value in metrics.items() if not name.startswith(EVALUATION_PREFIX)}
+        if shown:
+            self._log.info("step %d: %s", step, ", ".join(f"{name}={value:.4g}" for name, value in shown.items()))
 
 
 # The optional sinks and the package (and runner extra) each needs, checked in the parent before any worker starts.
