@@ -79,6 +79,23 @@ def test_validate_builds_everything_without_training_and_fails_like_a_run_would(
     assert "model._target_: cannot import 'runner.models.SeqTransformr'" in capsys.readouterr().err
 
 
+def test_validate_shows_no_progress_bars_of_datasets(project, capsys):
+    """Building the data (a new file: datasets generates its split, then maps the tokenizer over it) prints the
+    verdict only, without datasets' "Generating train split" and "Map" bars."""
+    import uuid
+
+    import matrix_data
+
+    files = matrix_data.write(project)
+    texts = project / files["text_classification"]
+    texts.write_text(texts.read_text() + f"a new row so that nothing is cached {uuid.uuid4().hex},0\n")
+    capsys.readouterr()  # what writing the files printed (images.parquet is written through datasets)
+    recipes.main(["validate", "text_classification", f"data.train={texts}"])
+    captured = capsys.readouterr()
+    assert "recipe text_classification: valid." in captured.out
+    assert "Generating" not in captured.err and "Map" not in captured.err, captured.err
+
+
 def test_an_unknown_recipe_lists_the_ones_there_are(project, capsys):
     with pytest.raises(SystemExit):
         recipes.main(["show", "revers"])

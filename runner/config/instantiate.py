@@ -10,6 +10,7 @@ import importlib
 import inspect
 import logging
 import re
+from contextlib import contextmanager
 from typing import Any, Iterator
 
 import hydra.utils
@@ -197,8 +198,11 @@ def build_scheduler(node: dict[str, Any] | None, optimizer, total_steps: int):
 
 
 def build_data(node: dict[str, Any]):
-    """A datasets.DatasetDict with `train` and `validation` splits."""
-    splits = instantiate("data", node)
+    """A datasets.DatasetDict with `train` and `validation` splits. datasets' own progress bars (generating a
+    split, Map, Filter) stay off the console meanwhile: the run logs what it built (a Hub download's bars, which
+    huggingface_hub draws, still show)."""
+    with _datasets_progress_bars_off():
+        splits = instantiate("data", node)
     missing = [name for name in ("train", "validation") if name not in splits]
     if missing:
         raise ConfigError(
@@ -207,6 +211,19 @@ def build_data(node: dict[str, Any]):
             f"datasets.DatasetDict with train and validation (it has: {', '.join(splits)})",
         )
     return splits
+
+
+@contextmanager
+def _datasets_progress_bars_off() -> Iterator[None]:
+    from datasets.utils import logging as datasets_logging
+
+    was_enabled = datasets_logging.is_progress_bar_enabled()
+    datasets_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            datasets_logging.enable_progress_bar()
 
 
 def build_task(node: dict[str, Any]):
