@@ -113,3 +113,17 @@ def test_bf16_warns_only_on_a_cpu_without_native_bf16(monkeypatch):
     assert "emulated" in Precision("fp8", "cpu").speed_warning()
     monkeypatch.setattr(precision_module, "cpu_has_native_bf16", lambda: True)
     assert Precision("bf16", "cpu").speed_warning() is None
+
+
+def test_fp8_on_a_cpu_prints_its_refusal_and_nothing_of_torchao(tmp_path):
+    """The refusal comes before torchao is imported: importing it prints its own lines (kernels it cannot load here,
+    no Triton) that would stand before the one line the user needs."""
+    from conftest import run_cli
+
+    result = run_cli("precision=fp8", cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "runner: error: bad config: precision.fp8_emulation: precision=fp8 needs a CUDA GPU of compute capability "
+        ">= 8.9 (Ada, Hopper or newer) and this run runs on cpu; use precision=bf16, or set "
+        "precision.fp8_emulation=true to run the fp8 code path slowly, only to test it"], result.stderr
+    assert result.stdout == ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from contextlib import nullcontext
 
 import torch
@@ -126,13 +127,36 @@ def precision_problems(kind: PrecisionKind, fp8_emulation: bool, device_type: st
 
 
 def _fp8_problems(fp8_emulation: bool, device_type: str) -> list[Problem]:
-    problems = []
-    try:
-        import torchao.float8  # noqa: F401
-    except ImportError as err:
-        problems.append(Problem("precision", f"fp8 needs torchao, which failed to import ({err}); {FP8_INSTALL}"))
-    if fp8_emulation:
-        return problems
+    problems = [] if fp8_emulation else _fp8_device_problems(device_type)
+    if importlib.util.find_spec("torchao") is None:
+        problems.insert(0, Problem("precision", f"fp8 needs torchao, which is not installed; {FP8_INSTALL}"))
+    elif not problems:
+        # fp8 will run: torchao must import too (one built for another torch fails here). Not before: importing it
+        # prints several lines of its own (kernels it cannot load on this machine) ahead of the device's refusal.
+        try:
+            import torchao.float8  # noqa: F401
+        except ImportError as err:
+            problems.append(Problem("precision", f"fp8 needs torchao, which failed to import ({err}); {FP8_INSTALL}"))
+    return problems
+
+
+def _fp8_device_problems(device_type: str) -> list[Problem]:
+    if device_type != "cuda" or not torch.cuda.is_available():
+        where = "has no usable CUDA GPU" if device_type == "cuda" else f"runs on {device_type}"
+        return [Problem(
+            "precision.fp8_emulation",
+            f"precision=fp8 needs a CUDA GPU of compute capability >= 8.9 (Ada, Hopper or newer) and this run "
+            f"{where}; use precision=bf16, or set precision.fp8_emulation=true to run the fp8 code path "
+            "slowly, only to test it",
+        )]
+    if not cuda_fp8_capable():
+        major, minor = torch.cuda.get_device_capability()
+        return [Problem(
+            "precision.fp8_emulation",
+            f"precision=fp8 needs compute capability >= 8.9 and {torch.cuda.get_device_name()} has {major}.{minor}; "
+            "use precision=bf16, or set precision.fp8_emulation=true to test the code path",
+        )]
+    return []
     if device_type != "cuda" or not torch.cuda.is_available():
         where = "has no usable CUDA GPU" if device_type == "cuda" else f"runs on {device_type}"
         problems.append(
