@@ -50,10 +50,13 @@ def test_a_step_decays_only_the_other_group():
         assert torch.equal(after[name], before[name]), name
 
 
-def test_a_pattern_selects_by_name_and_the_first_group_wins():
+def test_a_pattern_selects_by_name_and_the_first_group_wins(caplog):
     model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 2))
     groups = {"head": {"select": ["1.*"], "lr": 0.01}, "biases": {"select": ["biases"], "weight_decay": 0.0}}
-    optimizer = build_optimizer(_adamw(groups), model)
+    with caplog.at_level("INFO", logger="runner.config.instantiate"):
+        optimizer = build_optimizer(_adamw(groups), model)
+    assert caplog.messages == ["AdamW parameter groups: others 1 tensors (9 values); head 2 tensors (8 values), "
+                               "lr=0.01; biases 1 tensors (3 values), weight_decay=0.0"]
     others, head, biases = optimizer.param_groups
     assert _ids(others["params"]) == {id(model[0].weight)}
     assert _ids(head["params"]) == {id(model[1].weight), id(model[1].bias)} and head["lr"] == 0.01

@@ -183,7 +183,7 @@ def build_optimizer(node: dict[str, Any], model: nn.Module):
     split = param_groups.parameter_groups(model, groups)
     optimizer = call_built("optimizer", own, factory, list(split.values()))
     param_groups.check_options(optimizer, groups)
-    log.info("%s", param_groups.describe(optimizer, split))
+    log.info("%s", param_groups.describe(optimizer, split, groups))
     return optimizer
 
 

@@ -96,15 +96,15 @@ def check_options(optimizer, groups: dict[str, dict[str, Any]]) -> None:
                                   f"{', '.join(sorted(optimizer.defaults))}")
 
 
-def describe(optimizer, names) -> str:
-    """One line per group for the log: its name, how many tensors and values, and the options it sets itself."""
-    lines = []
-    for name, group in zip(names, optimizer.param_groups):
+def describe(optimizer, split: dict[str, dict[str, Any]], groups: dict[str, dict[str, Any]]) -> str:
+    """One line for the log: each group's name, tensors and values, and the options its config sets
+    ("AdamW parameter groups: others 13 tensors (67,968 values); no_decay 17 tensors (1,162 values), weight_decay=0")."""
+    parts = []
+    for name, group in split.items():
         values = sum(parameter.numel() for parameter in group["params"])
-        own = {option: group[option] for option in ("lr", "weight_decay") if option in group}
-        settings = ", ".join(f"{option}={value:g}" for option, value in own.items())
-        lines.append(f"{name}: {len(group['params'])} tensors, {values:,} values ({settings})")
-    return "optimizer parameter groups: " + "; ".join(lines)
+        own = "".join(f", {option}={group[option]}" for option in groups.get(name, {}) if option != "select")
+        parts.append(f"{name} {len(group['params'])} tensors ({values:,} values){own}")
+    return f"{type(optimizer).__name__} parameter groups: " + "; ".join(parts)
 
 
 def _selects(selector: str, name: str, in_norm: bool) -> bool:
