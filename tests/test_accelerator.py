@@ -231,7 +231,9 @@ def test_prepare_rejects_what_it_cannot_place():
 
 def test_accelerate_argument_names_and_properties():
     accelerator = Accelerator("cpu", mixed_precision="no", gradient_accumulation_steps=3)
-    assert accelerator.mixed_precision == "fp32" and accelerator.gradient_accumulation_steps == 3
+    assert accelerator.mixed_precision == "no" and accelerator.gradient_accumulation_steps == 3
+    assert [Accelerator("cpu", precision).mixed_precision for precision in ("fp32", "bf16", "fp16")] == \
+        ["no", "bf16", "fp16"]
     assert Accelerator("cpu", mixed_precision="bf16").precision.autocast_dtype is torch.bfloat16
     assert accelerator.process_index == 0 and accelerator.num_processes == 1 and accelerator.is_local_main_process
     assert "device cpu | precision fp32 | autocast off | grad scaler off" in accelerator.describe()

@@ -142,7 +142,10 @@ class Accelerator(AcceleratorExtras):
 
     @property
     def mixed_precision(self) -> str:
-        return self.precision.kind.value
+        """Accelerate's value: "no" for fp32 (scripts branch on `!= "no"`, e.g. to pad batches for fp16/bf16), else
+        the precision's name."""
+        kind = self.precision.kind.value
+        return "no" if kind == "fp32" else kind
 
     @property
     def distributed_type(self) -> DistributedType:
