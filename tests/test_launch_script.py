@@ -48,10 +48,17 @@ def _assert_same_training(result: dict, reference: dict) -> None:
         assert float((result["weights"][name] - value).abs().max()) <= bound, (name, bound)
 
 
+def _rank_output(folder: Path) -> str:
+    """Every rank's stderr.log under `folder`: what a failure message needs, since pytest removes old tmp dirs (a
+    rank ended by SIGABRT once under tests/stress.sh, its "terminate called" line all that reached the console)."""
+    return "".join(f"\n--- {path.relative_to(folder)}:\n{path.read_text(errors='replace')[-4000:]}"
+                   for path in sorted(folder.rglob("stderr.log")))
+
+
 def test_runner_launch_runs_the_readme_loop_on_two_processes_like_one_with_the_whole_batch(tmp_path, one_process):
     done = _run("-m", "runner.launch", "hardware=multi_cpu", str(SCRIPT), "--batch-size", "16", "--out", "w.pt",
                 cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 0, done.stderr + _rank_output(tmp_path)
     assert "runner: 2 process(es) of" in done.stderr
     _assert_same_training(torch.load(tmp_path / "w.pt"), one_process)
     assert sorted(path.parent.name for path in (tmp_path / "outputs" / "launch").rglob("stdout.log")) == ["0", "1"]
