@@ -157,23 +157,3 @@ def _fp8_device_problems(device_type: str) -> list[Problem]:
             "use precision=bf16, or set precision.fp8_emulation=true to test the code path",
         )]
     return []
-    if device_type != "cuda" or not torch.cuda.is_available():
-        where = "has no usable CUDA GPU" if device_type == "cuda" else f"runs on {device_type}"
-        problems.append(
-            Problem(
-                "precision.fp8_emulation",
-                f"precision=fp8 needs a CUDA GPU of compute capability >= 8.9 (Ada, Hopper or newer) and this run "
-                f"{where}; use precision=bf16, or set precision.fp8_emulation=true to run the fp8 code path "
-                "slowly, only to test it",
-            )
-        )
-    elif not cuda_fp8_capable():
-        major, minor = torch.cuda.get_device_capability()
-        problems.append(
-            Problem(
-                "precision.fp8_emulation",
-                f"precision=fp8 needs compute capability >= 8.9 and {torch.cuda.get_device_name()} has {major}.{minor}; "
-                "use precision=bf16, or set precision.fp8_emulation=true to test the code path",
-            )
-        )
-    return problems
