@@ -20,7 +20,6 @@ AUTOCAST_DTYPES = {
     PrecisionKind.fp8: torch.bfloat16,
 }
 FP8_MIN_CAPABILITY = (8, 9)  # Ada / Hopper: the first GPUs with fp8 tensor cores
-FP8_INSTALL = install_hint("fp8")
 _NO_AUTOCAST = nullcontext()  # reusable: fp32 enters it every micro-step, so no new object each time
 
 
@@ -53,7 +52,7 @@ class Precision:
             from torchao.float8 import convert_to_float8_training
             from torchao.float8.float8_linear import Float8Linear
         except ImportError as err:
-            raise HardwareError(f"precision=fp8 needs torchao, which failed to import ({err}); {FP8_INSTALL}") from err
+            raise HardwareError(f"precision=fp8 needs torchao, which failed to import ({err}); {install_hint('fp8')}") from err
 
         def not_yet_converted(module: nn.Module, fqn: str) -> bool:
             # Float8Linear is a Linear too: skipping it makes converting twice (worker, then prepare) a no-op.
@@ -129,14 +128,14 @@ def precision_problems(kind: PrecisionKind, fp8_emulation: bool, device_type: st
 def _fp8_problems(fp8_emulation: bool, device_type: str) -> list[Problem]:
     problems = [] if fp8_emulation else _fp8_device_problems(device_type)
     if importlib.util.find_spec("torchao") is None:
-        problems.insert(0, Problem("precision", f"fp8 needs torchao, which is not installed; {FP8_INSTALL}"))
+        problems.insert(0, Problem("precision", f"fp8 needs torchao, which is not installed; {install_hint('fp8')}"))
     elif not problems:
         # fp8 will run: torchao must import too (one built for another torch fails here). Not before: importing it
         # prints several lines of its own (kernels it cannot load on this machine) ahead of the device's refusal.
         try:
             import torchao.float8  # noqa: F401
         except ImportError as err:
-            problems.append(Problem("precision", f"fp8 needs torchao, which failed to import ({err}); {FP8_INSTALL}"))
+            problems.append(Problem("precision", f"fp8 needs torchao, which failed to import ({err}); {install_hint('fp8')}"))
     return problems
 
 
