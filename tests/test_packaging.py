@@ -190,6 +190,7 @@ def test_an_install_hint_lists_the_extras_own_packages_from_any_folder(installed
     result = subprocess.run([sys.executable, "-S", "-c", probe], env=_isolated(installed), cwd=tmp_path,
                             capture_output=True, text=True, timeout=WAIT_S)
     assert result.returncode == 0, result.stderr
+    assert len(result.stdout.splitlines()) == len(extras), result.stdout
     for extra, hint in zip(sorted(extras), result.stdout.splitlines()):
         packages, suffix = re.fullmatch(r"pip install (.+) \(the '(\w+)' extra of runner-ml\)", hint).groups()
         assert suffix == extra
