@@ -68,11 +68,12 @@ def elastic_launch(spec: RunSpec) -> dict[str, float]:
     every rank holds the same, gathered across all processes)."""
     hardware = spec.hardware
     with stop_during_startup():
-        worker.prepare_data(spec.config)  # generate and cache once, here, before the ranks read it
+        data_s = worker.prepare_data(spec.config)  # generate and cache once, here, before the ranks read it
     log.info(
-        "launching %d worker process(es) on machine %d of %d (%s start) from pid %d; their logs: %s",
+        "launching %d worker process(es) on machine %d of %d (%s start) from pid %d, the data built here once "
+        "(%.1f s) for them to read from the datasets cache; their logs: %s",
         hardware.processes_per_machine, hardware.machine_rank, hardware.num_machines, hardware.start_method.value,
-        os.getpid(), Path(spec.run_dir) / "runner_rank<N>.log",
+        os.getpid(), data_s, Path(spec.run_dir) / "runner_rank<N>.log",
     )
     outcome = run_agent(hardware, Path(spec.run_dir) / RANK_OUTPUT_DIR, worker.run_spawned, (spec,),
                         stop_signals(spec.config.checkpoint.stop_signals), rank0_console=True)

@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 from runner.accelerate.accelerator import Accelerator
@@ -308,7 +309,9 @@ def _log_to_rank_file(path: Path, console: bool) -> None:
     root.setLevel(logging.INFO)
 
 
-def prepare_data(config: RunConfig) -> None:
+def prepare_data(config: RunConfig) -> float:
     """Build the datasets once in the launching process, so generation, `map` and caching happen once and the
-    workers read the datasets cache instead of all doing it at the same moment."""
+    workers read the datasets cache instead of all doing it at the same moment. Returns the seconds it took."""
+    started = time.perf_counter()
     build_data(config.data)
+    return time.perf_counter() - started
