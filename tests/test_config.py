@@ -29,7 +29,8 @@ def test_default_composes_to_the_reverse_recipe():
     assert config.hardware.kind is HardwareKind.cpu and config.precision.kind is PrecisionKind.fp32
     assert config.model["_target_"] == "runner.models.SeqTransformer"
     assert config.model["max_len"] == config.data["seq_len"] == 12  # interpolation resolved at freeze time
-    assert config.optimizer == {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 3e-3, "weight_decay": 0.01}
+    assert config.optimizer == {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 3e-3, "weight_decay": 0.01,
+                                "param_groups": {"no_decay": {"select": ["biases", "norms"], "weight_decay": 0.0}}}
     assert config.scheduler["_target_"] == "runner.schedules.warmup_cosine"
 
 
@@ -63,7 +64,7 @@ EXPECTED_GROUPS = {
     "parallel": ["ddp", "fsdp", "none"],
     "precision": ["bf16", "fp16", "fp32", "fp8"],
     "model": ["gpt", "hf_causal_lm", "hf_pretrained", "mlp", "resnet", "seq_transformer", "text_classifier"],
-    "optimizer": ["adamw", "sgd"],
+    "optimizer": ["adamw", "adamw_transformer", "sgd"],
     "scheduler": ["none", "warmup_cosine"],
     "data": ["digits_images", "hub", "image_folder", "image_parquet", "local_files", "reverse_digits", "sklearn_digits",
              "text_classification", "text_files"],
