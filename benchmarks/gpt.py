@@ -74,6 +74,7 @@ def plain_arm(corpus: str, steps: int, seed: int) -> dict:
     import torch.nn.functional as F
 
     from runner.config.instantiate import build_data
+    from runner.data.shapes import fill_from_data
     from runner.models.gpt import GPT
 
     spec = recipe_config(corpus, steps, seed)
@@ -110,6 +111,8 @@ def plain_arm(corpus: str, steps: int, seed: int) -> dict:
         return total / count
 
     torch.manual_seed(seed)
+    # the recipe's vocab_size: null, filled from the tokenizer as a run fills it
+    model_cfg = fill_from_data(model_cfg, splits["train"], spec.config.task)
     model = GPT(**{key: value for key, value in model_cfg.items() if key != "_target_"})
     # nanoGPT's configure_optimizers: weight decay on the tensors of 2 or more dimensions only (the recipe's
     # optimizer=adamw_transformer leaves out biases and norm weights: the same tensors).

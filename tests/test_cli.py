@@ -205,3 +205,27 @@ def test_help_lists_every_command_before_the_config(capsys):
     assert out.index("  runner env") < out.index("== Configuration groups ==")  # Hydra's help follows
     for module, _ in COMMANDS.values():  # each line names a command that runs
         assert callable(importlib.import_module(module).main)
+
+
+def test_the_gpt_model_has_one_output_row_per_id_the_tokenizer_learnt(run, tmp_path):
+    """model.vocab_size: null becomes the trained tokenizer's size, not its cap (256): the first loss is about ln V,
+    and the checkpoint's and the export's config.yaml record V, which `runner sample` rebuilds the model from."""
+    import math
+
+    from runner.commands.sample import SampleSettings, sample
+
+    text = tmp_path / "text.txt"
+    text.write_text("the cat sat on the mat.\n" * 100)
+    size = len(set(text.read_text())) + 2  # every character, <pad> and <unk>
+    result = run("recipe=gpt", f"data.train={text}", "data.block_size=16", "trainer.max_steps=2",
+                 "trainer.log_every_steps=1", "trainer.progress_bar=false", *TINY_MODELS["gpt"])
+    assert result.returncode == 0, result.output
+    run_dir = result.run_dir()
+    for config_file in (run_dir / "export" / "config.yaml", run_dir / "checkpoints" / "step_00000002" / "config.yaml"):
+        assert yaml.safe_load(config_file.read_text())["model"]["vocab_size"] == size, config_file
+    weights = load_file(run_dir / "export" / "final.safetensors")  # tied: the embedding is saved as the head
+    assert weights["head.weight"].shape == (size, 32)
+    (step, first_loss), *_ = read_scalars(run_dir, "train/loss")
+    assert step == 1 and first_loss == pytest.approx(math.log(size), abs=0.25)  # small initial logits: ~uniform
+    texts = sample(run_dir, SampleSettings(prompt="the ", max_new_tokens=20, top_k=None, num_samples=2))
+    assert all(text_.startswith("the ") and set(text_) <= set(text.read_text()) for text_ in texts)

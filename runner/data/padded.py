@@ -13,10 +13,11 @@ from runner.data.batches import _Batches
 
 
 class PaddedText:
-    """A split of `input_ids` rows (any length) and `label`s; `make_batches` pads each batch with `pad_id`."""
+    """A split of `input_ids` rows (any length) and `label`s; `make_batches` pads each batch with `pad_id`.
+    `vocab_size`: the trained tokenizer's number of ids, which fills a null `model.vocab_size`."""
 
-    def __init__(self, dataset, pad_id: int):
-        self.dataset, self.pad_id = dataset, pad_id
+    def __init__(self, dataset, pad_id: int, vocab_size: int | None = None):
+        self.dataset, self.pad_id, self.vocab_size = dataset, pad_id, vocab_size
 
     def __len__(self) -> int:
         return len(self.dataset)

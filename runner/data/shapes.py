@@ -2,7 +2,9 @@
 
 A table's recipe need not restate its column and class counts: `model.in_features: null` becomes the length of the
 training split's input column, and `model.out_features: null` (or `num_classes: null`) its number of classes, read
-from the split's schema (a fixed-length list column; a ClassLabel column). Standardize layers in the model take the
+from the split's schema (a fixed-length list column; a ClassLabel column). A text recipe's `model.vocab_size: null`
+becomes the number of ids its tokenizer learnt from the training text (78 characters for the Shakespeare corpus,
+where the tokenizer's cap is 256), so no output row is spent on an id no text has. Standardize layers in the model take the
 mean and spread of the training split's inputs, once, before training; they are buffers, so checkpoints and the
 export carry them and inference standardises the same way.
 """
@@ -17,7 +19,8 @@ from torch import nn
 from runner.errors import ConfigError
 
 # model key -> what of the data fills it
-SIZE_KEYS = {"in_features": "features", "out_features": "classes", "num_classes": "classes"}
+SIZE_KEYS = {"in_features": "features", "out_features": "classes", "num_classes": "classes",
+             "vocab_size": "vocabulary"}
 
 
 def sizes_wanted(model_node: dict[str, Any]) -> list[str]:
@@ -37,6 +40,13 @@ def fill_from_data(model_node: dict[str, Any], train, task_node: dict[str, Any] 
     filled = dict(model_node)
     for key in wanted:
         what = SIZE_KEYS[key]
+        if what == "vocabulary":
+            if what not in known:
+                raise ConfigError(f"model.{key}", "is null, so the data should say it, but only text read through a "
+                                                  "tokenizer (data=text_files, data=text_classification) knows its "
+                                                  f"vocabulary; set model.{key} to a number")
+            filled[key] = known[what]
+            continue
         column = input_key if what == "features" else target_key
         columns = list(getattr(train, "features", None) or {})
         if columns and column not in columns:
@@ -52,13 +62,16 @@ def fill_from_data(model_node: dict[str, Any], train, task_node: dict[str, Any] 
 
 
 def data_sizes(train, input_key: str = "features", target_key: str = "label") -> dict[str, int]:
-    """Feature and class counts a split's schema states (a datasets.Dataset; others say nothing)."""
+    """Feature and class counts a split's schema states (a datasets.Dataset; others say nothing), and the
+    vocabulary of a split read through a tokenizer."""
     import datasets
 
+    sizes = {}
+    if getattr(train, "vocab_size", None):
+        sizes["vocabulary"] = train.vocab_size
     schema = getattr(train, "features", None)
     if not isinstance(schema, datasets.Features):
-        return {}
-    sizes = {}
+        return sizes
     length = getattr(schema.get(input_key), "length", None) or 0  # -1: a list of any length
     if length > 0:
         sizes["features"] = length

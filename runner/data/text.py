@@ -110,4 +110,4 @@ def _token_file(lines, tokenizer, cache_dir: Path, key: str, block_size: int) ->
                 if ids:
                     np.concatenate(ids).astype(dtype).tofile(out)
         os.replace(partial, path)  # complete or absent: a rank never reads half a file
-    return TokenStream(path, dtype, block_size)
+    return TokenStream(path, dtype, block_size, tokenizer.vocab_size)

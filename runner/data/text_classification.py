@@ -61,4 +61,4 @@ def text_classification(train: str, tokenizer, validation: str | None = None, fo
     }
     if tokenizer_dir is not None:
         save_tokenizer(tokenizer_trained, Path(tokenizer_dir))
-    return {split: PaddedText(table, tokenizer_trained.pad_id) for split, table in tokenized.items()}
+    return {split: PaddedText(table, tokenizer_trained.pad_id, tokenizer_trained.vocab_size) for split, table in tokenized.items()}

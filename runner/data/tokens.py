@@ -26,11 +26,13 @@ IN_MEMORY_DTYPE = np.int32  # what a stream held in memory takes per token (the 
 
 @dataclass(frozen=True)
 class TokenStream:
-    """A split of token ids stored in `path` (raw `dtype` values), cut into blocks of `block_size`."""
+    """A split of token ids stored in `path` (raw `dtype` values), cut into blocks of `block_size`; `vocab_size`:
+    the trained tokenizer's number of ids (every id lies below it), which fills a null `model.vocab_size`."""
 
     path: Path
     dtype: str
     block_size: int
+    vocab_size: int | None = None
 
     @property
     def num_tokens(self) -> int:
