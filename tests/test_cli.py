@@ -84,7 +84,7 @@ TINY_MODELS = {
     "gpt2_hf": ("model.config.n_layer=1", "model.config.n_head=2", "model.config.n_embd=32"),
     "image_folder": ("model.widths=[8]",),
     "digits_cnn": ("model.widths=[8]",),
-    "text_classification": ("model.d_model=32", "model.nhead=2", "model.num_layers=1", "model.dim_feedforward=64",
+    "text_classification": ("model.dim=16", "model.buckets=64",
                             "data.max_length=16"),
 }
 

@@ -39,7 +39,7 @@ def test_precedence_schema_then_group_then_recipe_then_command_line():
     assert config.optimizer["_target_"] == "torch.optim.SGD"  # the command line picks the group
     assert config.optimizer["lr"] == 0.05  # and its values win over the recipe's lr
     assert config.optimizer["momentum"] == 0.9  # the group's value
-    assert config.model["hidden"] == [128, 64]  # the recipe's value over the group's [128]
+    assert config.model["hidden"] == [512] and config.model["dropout"] == 0.3  # the recipe's over the group's [128], 0
     assert config.scheduler is None and config.seed == 7
     assert config.trainer.grad_accum_steps is None  # untouched: the schema default (derived from the batch)
 
@@ -63,7 +63,7 @@ EXPECTED_GROUPS = {
     "hardware": ["auto", "cpu", "gpu", "multi_cpu", "multi_gpu", "tpu"],
     "parallel": ["ddp", "fsdp", "none"],
     "precision": ["bf16", "fp16", "fp32", "fp8"],
-    "model": ["gpt", "hf_causal_lm", "hf_pretrained", "mlp", "resnet", "seq_transformer", "text_classifier"],
+    "model": ["bag_of_ngrams", "gpt", "hf_causal_lm", "hf_pretrained", "mlp", "resnet", "seq_transformer", "text_classifier"],
     "optimizer": ["adamw", "adamw_transformer", "sgd"],
     "scheduler": ["none", "warmup_cosine"],
     "data": ["digits_images", "hub", "image_folder", "image_parquet", "local_files", "reverse_digits", "sklearn_digits",

@@ -38,7 +38,7 @@ def test_list_with_no_recipes_of_yours_says_where_they_go(tmp_path, monkeypatch,
 def test_show_prints_the_whole_composed_config(project, capsys):
     recipes.main(["show", "digits_mlp", "optimizer.lr=0.01"])
     out = capsys.readouterr().out
-    assert "  _target_: runner.models.MLP\n" in out and "  lr: 0.01\n" in out and "hidden:\n  - 128\n  - 64\n" in out
+    assert "  _target_: runner.models.MLP\n" in out and "  lr: 0.01\n" in out and "hidden:\n  - 512\n" in out
 
 
 def test_show_of_a_recipe_with_values_still_to_set_prints_it_and_names_them(project, capsys):

@@ -157,3 +157,20 @@ def test_runner_sample_ends_a_bad_setting_with_one_error_and_exit_1(capsys):
         main(["sample", "run", "temprature=1"])
     assert ended.value.code == 1
     assert capsys.readouterr().err.startswith("runner: error: bad config: temprature: is not a setting of `runner sample`")
+
+
+def test_bag_of_ngrams_ignores_padding_and_tells_word_order_apart_by_its_bigrams():
+    from runner.models import BagOfNgrams
+
+    torch.manual_seed(0)
+    model = BagOfNgrams(vocab_size=10, num_classes=3, dim=8, buckets=16).eval()
+    text = torch.tensor([[3, 4, 5]])
+    padded = torch.tensor([[3, 4, 5, 0, 0, 0]])  # the same text in a batch whose longest text is 6 tokens
+    # equal up to the order of a float sum (a longer row is reduced in other chunks), float32's rounding
+    torch.testing.assert_close(model(text), model(padded), rtol=1e-6, atol=1e-7)
+    reordered = torch.tensor([[5, 4, 3]])  # the same tokens, other bigrams
+    assert not torch.allclose(model(text), model(reordered))
+    unigrams_only = BagOfNgrams(vocab_size=10, num_classes=3, dim=8, buckets=0).eval()
+    assert torch.allclose(unigrams_only(text), unigrams_only(reordered))
+    with pytest.raises(ValueError, match="model.num_classes is 1; it must be 2 or more"):
+        BagOfNgrams(vocab_size=10, num_classes=1)
