@@ -36,18 +36,23 @@ def runner_arm(overrides: list[str], work: Path) -> tuple[float, float]:
     return result["final"]["val/accuracy"], time.perf_counter() - started
 
 
+def hold_out(table: Path):
+    """(train, validation) rows of a text table as runner.data.text_classification splits it at its defaults:
+    datasets' train_test_split(test_size=0.2, seed=0) of the file."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    loaded = datasets.load_dataset("csv", data_files={"train": str(table.resolve())})["train"]
+    split = loaded.train_test_split(test_size=0.2, seed=0)
+    return split["train"], split["test"]
+
+
 def text_baselines(speeches: Path) -> dict[str, float]:
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline, make_union
 
-    import datasets
-
-    datasets.disable_progress_bars()
-    # runner.data.text_classification's hold-out: datasets' train_test_split(test_size=0.2, seed=0) of the file
-    loaded = datasets.load_dataset("csv", data_files={"train": str(speeches.resolve())})["train"]
-    split = loaded.train_test_split(test_size=0.2, seed=0)
-    train, validation = split["train"], split["test"]
+    train, validation = hold_out(speeches)
     models = {
         "TF-IDF + logistic regression (defaults)": TfidfVectorizer(),
         "word 1-2 + char 2-5-gram TF-IDF + logistic regression": make_union(

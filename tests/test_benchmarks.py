@@ -218,3 +218,26 @@ def test_the_table_has_a_column_per_arm_and_a_row_per_measure(results, distribut
         figures = cells[:2] if "python -m runner" in row[0] or "stopping" in row[0] else cells
         assert all(cell and cell[0] in "+-0123456789" for cell in figures), row
     assert rows[0][1].endswith(" ms") and rows[0][2].startswith(("+", "-"))
+
+
+def test_the_baselines_score_the_recipes_own_validation_split(tmp_path):
+    """benchmarks/baselines.py fits scikit-learn on exactly the rows the recipe trains on and scores the rows it
+    validates on: the same hold-out as runner.data.text_classification and sklearn_digits."""
+    pytest.importorskip("sklearn")
+    from runner.data import text_classification
+    from runner.data.tokenizers import CharLevel
+
+    baselines = _load("baselines")
+    table = tmp_path / "texts.csv"
+    rows = [(f"good fine great {i}", "pos") if i % 2 else (f"bad awful poor {i}", "neg") for i in range(60)]
+    table.write_text("text,label\n" + "".join(f"{text},{label}\n" for text, label in rows))
+    scores = baselines.text_baselines(table)
+    assert set(scores) == {"TF-IDF + logistic regression (defaults)",
+                           "word 1-2 + char 2-5-gram TF-IDF + logistic regression"}
+    assert all(score == 1.0 for score in scores.values()), scores  # the words give the label away
+    held_out = baselines.hold_out(table)[1]
+    recipe_split = text_classification(str(table), CharLevel())["validation"]
+    assert len(held_out) == len(recipe_split) == 12
+    assert held_out["label"] == [recipe_split.dataset.features["label"].int2str(label)
+                                 for label in recipe_split.dataset["label"]]
+    assert 0.98 < baselines.digits_baseline() < 1.0  # an RBF SVC on the bundled digits' 360 held-out images
