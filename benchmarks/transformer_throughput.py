@@ -68,6 +68,7 @@ def runner_arm(corpus: Path, steps: int, work: Path) -> list[float]:
     run_dir = work / f"run-{time.monotonic_ns()}"
     command = [sys.executable, "-m", "runner", "recipe=gpt", f"data.train={corpus}", "hardware=gpu", "precision=bf16",
                f"model.n_layer={MODEL['n_layer']}", f"model.n_head={MODEL['n_head']}", f"model.n_embd={MODEL['n_embd']}",
+               f"model.vocab_size={MODEL['vocab_size']}",  # the plain arm's size (null would take the corpus's)
                f"data.block_size={MODEL['block_size']}", f"trainer.batch_size={BATCH}", f"trainer.max_steps={steps}",
                f"trainer.log_every_steps={WINDOW}", f"trainer.eval_every_steps={10 * steps}",
                "trainer.eval_batch_size=16", "trainer.progress_bar=false", "checkpoint.enabled=false",
