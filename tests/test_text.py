@@ -13,6 +13,7 @@ import torch
 from runner.data import make_batches, text_files
 from runner.data.tokenizers import BytePairEncoding, CharLevel, load_tokenizer
 from runner.data.tokens import TokenBlocks
+from runner.errors import ConfigError
 from runner.models import GPT
 from runner.commands.sample import SampleSettings, sample
 from runner.training.tasks import LanguageModeling
@@ -172,5 +173,5 @@ def test_bag_of_ngrams_ignores_padding_and_tells_word_order_apart_by_its_bigrams
     assert not torch.allclose(model(text), model(reordered))
     unigrams_only = BagOfNgrams(vocab_size=10, num_classes=3, dim=8, buckets=0).eval()
     assert torch.allclose(unigrams_only(text), unigrams_only(reordered))
-    with pytest.raises(ValueError, match="model.num_classes is 1; it must be 2 or more"):
+    with pytest.raises(ConfigError, match="model.num_classes: is 1; it must be 2 or more"):
         BagOfNgrams(vocab_size=10, num_classes=1)

@@ -4,9 +4,9 @@ A table's recipe need not restate its column and class counts: `model.in_feature
 training split's input column, and `model.out_features: null` (or `num_classes: null`) its number of classes, read
 from the split's schema (a fixed-length list column; a ClassLabel column). A text recipe's `model.vocab_size: null`
 becomes the number of ids its tokenizer learnt from the training text (78 characters for the Shakespeare corpus,
-where the tokenizer's cap is 256), so no output row is spent on an id no text has. Standardize layers in the model take the
-mean and spread of the training split's inputs, once, before training; they are buffers, so checkpoints and the
-export carry them and inference standardises the same way.
+where the tokenizer's cap is 256), so no output row is spent on an id no text has. Standardize layers in the model
+take the mean and spread of the training split's inputs, once, before training; they are buffers, so checkpoints
+and the export carry them and inference standardises the same way.
 """
 
 from __future__ import annotations
@@ -40,23 +40,21 @@ def fill_from_data(model_node: dict[str, Any], train, task_node: dict[str, Any] 
     filled = dict(model_node)
     for key in wanted:
         what = SIZE_KEYS[key]
-        if what == "vocabulary":
-            if what not in known:
-                raise ConfigError(f"model.{key}", "is null, so the data should say it, but only text read through a "
-                                                  "tokenizer (data=text_files, data=text_classification) knows its "
-                                                  f"vocabulary; set model.{key} to a number")
-            filled[key] = known[what]
-            continue
-        column = input_key if what == "features" else target_key
-        columns = list(getattr(train, "features", None) or {})
-        if columns and column not in columns:
-            role = "task.input_key" if what == "features" else "task.target_key"
-            raise ConfigError(role, f"'{column}' is not a column of the data; it holds {', '.join(columns)}")
+        if what == "vocabulary":  # no column holds it: the split was read through a tokenizer, or it says nothing
+            lacks = ("only text read through a tokenizer (data=text_files, data=text_classification) knows its "
+                     "vocabulary")
+        else:
+            column = input_key if what == "features" else target_key
+            columns = list(getattr(train, "features", None) or {})
+            if columns and column not in columns:
+                role = "task.input_key" if what == "features" else "task.target_key"
+                raise ConfigError(role, f"'{column}' is not a column of the data; it holds {', '.join(columns)}")
+            lacks = (f"the training split's '{column}' column "
+                     + ("is not a fixed-length list of numbers" if what == "features"
+                        else "has no class names (not a ClassLabel)"))
         if what not in known:
-            lacks = ("is not a fixed-length list of numbers" if what == "features"
-                     else "has no class names (not a ClassLabel)")
-            raise ConfigError(f"model.{key}", f"is null, so the data should say it, but the training split's "
-                                              f"'{column}' column {lacks}; set model.{key} to a number")
+            raise ConfigError(f"model.{key}", f"is null, so the data should say it, but {lacks}; "
+                                              f"set model.{key} to a number")
         filled[key] = known[what]
     return filled
 

@@ -24,24 +24,9 @@ def text_classification(train: str, tokenizer, validation: str | None = None, fo
 
     from runner.data.tabular import _label_encoder
 
-    paths = {"train": train} if validation is None else {"train": train, "validation": validation}
-    for split, path in paths.items():
-        if not Path(path).expanduser().is_file():
-            raise DataError(f"data.{split}: no such file '{path}'; give a {'/'.join(FILE_FORMATS)} file of texts "
-                            "and labels, absolute or relative to where you ran the command")
-    format = (format or Path(train).suffix.lstrip(".")).lower()
-    format = "json" if format == "jsonl" else format
-    if format not in FILE_FORMATS:
-        raise ConfigError("data.format", f"'{format}' is not a file format this reads; choose one of {', '.join(FILE_FORMATS)}")
     if max_length < 1:
         raise ConfigError("data.max_length", f"is {max_length}; it must be 1 or more")
-    loaded = datasets.load_dataset(format, data_files={k: str(Path(v).expanduser().resolve()) for k, v in paths.items()})
-    for key, column in (("data.text_column", text_column), ("data.label_column", label_column)):
-        if column not in loaded["train"].column_names:
-            raise ConfigError(key, f"'{column}' is not a column of the data; columns are {', '.join(loaded['train'].column_names)}")
-    if "validation" not in loaded:
-        held_out = loaded["train"].train_test_split(test_size=validation_fraction, seed=seed)
-        loaded = datasets.DatasetDict({"train": held_out["train"], "validation": held_out["test"]})
+    loaded = labelled_texts(train, validation, format, text_column, label_column, validation_fraction, seed)
     encode_labels, classes = _label_encoder(loaded, label_column)
     texts = (batch[text_column] for batch in loaded["train"].iter(batch_size=10_000))
     cache_dir = Path(loaded["train"].cache_files[0]["filename"]).parent if loaded["train"].cache_files else None
@@ -61,4 +46,34 @@ def text_classification(train: str, tokenizer, validation: str | None = None, fo
     }
     if tokenizer_dir is not None:
         save_tokenizer(tokenizer_trained, Path(tokenizer_dir))
-    return {split: PaddedText(table, tokenizer_trained.pad_id, tokenizer_trained.vocab_size) for split, table in tokenized.items()}
+    return {split: PaddedText(table, tokenizer_trained.pad_id, tokenizer_trained.vocab_size)
+            for split, table in tokenized.items()}
+
+
+def labelled_texts(train: str, validation: str | None = None, format: str | None = None, text_column: str = "text",
+                   label_column: str = "label", validation_fraction: float = 0.2, seed: int = 0):
+    """The file's (text, label) rows as a DatasetDict of `train` and `validation`, before tokenising: without
+    `validation` files, `validation_fraction` of the training rows is held out (datasets' train_test_split with
+    `seed`). benchmarks/baselines.py scores its scikit-learn baselines on these very rows."""
+    import datasets
+
+    paths = {"train": train} if validation is None else {"train": train, "validation": validation}
+    for split, path in paths.items():
+        if not Path(path).expanduser().is_file():
+            raise DataError(f"data.{split}: no such file '{path}'; give a {'/'.join(FILE_FORMATS)} file of texts "
+                            "and labels, absolute or relative to where you ran the command")
+    format = (format or Path(train).suffix.lstrip(".")).lower()
+    format = "json" if format == "jsonl" else format
+    if format not in FILE_FORMATS:
+        raise ConfigError("data.format",
+                          f"'{format}' is not a file format this reads; choose one of {', '.join(FILE_FORMATS)}")
+    files = {split: str(Path(path).expanduser().resolve()) for split, path in paths.items()}
+    loaded = datasets.load_dataset(format, data_files=files)
+    for key, column in (("data.text_column", text_column), ("data.label_column", label_column)):
+        if column not in loaded["train"].column_names:
+            raise ConfigError(key, f"'{column}' is not a column of the data; columns are "
+                                   f"{', '.join(loaded['train'].column_names)}")
+    if "validation" not in loaded:
+        held_out = loaded["train"].train_test_split(test_size=validation_fraction, seed=seed)
+        loaded = datasets.DatasetDict({"train": held_out["train"], "validation": held_out["test"]})
+    return loaded

@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from runner.errors import ConfigError, Problem
+
 BIGRAM_HASH = 1_000_003  # a prime: (first * BIGRAM_HASH + second) % buckets spreads the pairs over the rows
 
 
@@ -22,10 +24,13 @@ class BagOfNgrams(nn.Module):
     def __init__(self, vocab_size: int, num_classes: int, pad_id: int = 0, dim: int = 64, buckets: int = 65536,
                  dropout: float = 0.0):
         super().__init__()
-        for key, value, least in (("vocab_size", vocab_size, 1), ("num_classes", num_classes, 2), ("dim", dim, 1),
-                                  ("buckets", buckets, 0)):
-            if value < least:
-                raise ValueError(f"model.{key} is {value}; it must be {least} or more")
+        problems = [Problem(f"model.{key}", f"is {value}; it must be {least} or more") for key, value, least in
+                    (("vocab_size", vocab_size, 1), ("num_classes", num_classes, 2), ("dim", dim, 1),
+                     ("buckets", buckets, 0)) if value < least]
+        if not 0 <= dropout < 1:
+            problems.append(Problem("model.dropout", f"is {dropout}; it must be in [0, 1)"))
+        if problems:
+            raise ConfigError(problems)
         self.vocab_size, self.buckets, self.pad_id = vocab_size, buckets, pad_id
         self.embed = nn.Embedding(vocab_size + buckets, dim)
         self.dropout = nn.Dropout(dropout)
