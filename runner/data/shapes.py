@@ -3,10 +3,10 @@
 A table's recipe need not restate its column and class counts: `model.in_features: null` becomes the length of the
 training split's input column, and `model.out_features: null` (or `num_classes: null`) its number of classes, read
 from the split's schema (a fixed-length list column; a ClassLabel column). A text recipe's `model.vocab_size: null`
-becomes the number of ids its tokenizer learnt from the training text (78 characters for the Shakespeare corpus,
-where the tokenizer's cap is 256), so no output row is spent on an id no text has. Standardize layers in the model
-take the mean and spread of the training split's inputs, once, before training; they are buffers, so checkpoints
-and the export carry them and inference standardises the same way.
+becomes the number of ids its tokenizer learnt from the training text (80 for the Shakespeare corpus: its 78
+characters, <pad> and <unk>, where the tokenizer's cap is 256), so no output row is spent on an id no text has.
+Standardize layers in the model take the mean and spread of the training split's inputs, once, before training;
+they are buffers, so checkpoints and the export carry them and inference standardises the same way.
 """
 
 from __future__ import annotations
