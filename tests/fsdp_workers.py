@@ -1,7 +1,7 @@
 """What 2 gloo processes run (under torch's elastic launcher, tests/dist_workers.py's `launch`) to check
 parallel=fsdp through the Accelerator against one process training on the global batch.
 
-Each function returns plain Python values; the tests in tests/test_parallel.py assert on them.
+Each function returns plain Python values; the tests in tests/accelerate/test_parallel.py assert on them.
 """
 
 from __future__ import annotations
@@ -202,7 +202,7 @@ def state_round_trip(tmp_dir: Path) -> dict:
     model, optimizer, _ = train(accelerator, tiny_gpt(), steps=2)
     accelerator.save_state(tmp_dir / "two")
     saved = gathered(model)
-    if saved:  # rank 0: what one process must find when it loads the state (tests/test_parallel.py)
+    if saved:  # rank 0: what one process must find when it loads the state (tests/accelerate/test_parallel.py)
         torch.save(saved, tmp_dir / "two_weights.pt")
     run_steps(accelerator, model, optimizer, 2, first_step=2)
     continued = gathered(model)
@@ -211,7 +211,7 @@ def state_round_trip(tmp_dir: Path) -> dict:
     run_steps(accelerator, model, optimizer, 2, first_step=2)
     again = gathered(model)
 
-    # one -> two: tests/test_parallel.py saved tmp_dir/one from one process, with its weights beside it.
+    # one -> two: tests/accelerate/test_parallel.py saved tmp_dir/one from one process, with its weights beside it.
     loader = Accelerator("cpu", parallel="fsdp")
     resharded, _, _ = train(loader, tiny_gpt(seed=5), steps=0)
     loader.load_state(tmp_dir / "one")

@@ -1,5 +1,5 @@
 """Golden losses, one data file per recipe (tests/assets/losses/<recipe>.txt): which recipes, with which overrides,
-the file's format, and the recorder that writes it. tests/test_golden.py trains each recipe and compares its losses
+the file's format, and the recorder that writes it. tests/run/test_golden.py trains each recipe and compares its losses
 with the file; after a deliberate change of the numbers, re-record and review the diff:
 
     python tests/golden.py --record                   # every recipe
@@ -47,7 +47,7 @@ def _short(steps: int) -> tuple[str, ...]:
 
 # Every recipe in recipes/, at its own model size, for a few dozen steps on matrix_data.py's files. Each trains in
 # seconds on a CPU and needs nothing from the internet (gpt2_hf builds its transformers model from a config: no
-# download, only the optional `transformers` package, without which its test is skipped). tests/test_golden.py
+# download, only the optional `transformers` package, without which its test is skipped). tests/run/test_golden.py
 # checks that every recipe in recipes/ is here, so a new recipe gets a golden file (or a written reason why not).
 GOLDEN: dict[str, tuple[str, ...]] = {
     # The first golden run (torch 2.13, CPU), kept as it was so the numbers' history is continuous: 640 generated
@@ -130,7 +130,7 @@ def _versions() -> str:
 
 
 def render(recipe: str, losses: dict[str, list[tuple[int, float]]]) -> str:
-    lines = [f"# Golden losses of recipe={recipe}: tests/test_golden.py trains it with these overrides and compares.",
+    lines = [f"# Golden losses of recipe={recipe}: tests/run/test_golden.py trains it with these overrides and compares.",
              "# Run in a folder holding tests/matrix_data.py's files. After a deliberate change of the numbers,",
              f"# re-record and review the diff: {record_command(recipe)}",
              f"# Recorded by `python -m runner`, {RECORDER_THREADS} thread, with {_versions()}, "

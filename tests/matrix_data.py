@@ -1,4 +1,4 @@
-"""Small files for composing every recipe with every config-group option (tests/test_recipe_matrix.py): the data each
+"""Small data for the tests: a text corpus, and the small files for composing every recipe with every config-group option (tests/run/test_recipe_matrix.py): the data each
 data group reads, written once, plus the overrides that make each run tiny. tests/golden.py trains every recipe on
 these same files: a change here moves the golden losses (re-record them: python tests/golden.py --record)."""
 
@@ -6,6 +6,15 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+
+WORDS = ["the cat", "a dog", "my bird", "the fish"]
+VERBS = ["sat on", "ran to", "looked at"]
+
+
+def corpus(lines: int, seed: int = 0) -> str:
+    """A text of short sentences from a few words, for the tokenizer and language-model tests."""
+    rng = random.Random(seed)
+    return "".join(f"{rng.choice(WORDS)} {rng.choice(VERBS)} {rng.choice(WORDS)}.\n" for _ in range(lines))
 
 
 def write(folder: Path) -> dict[str, Path]:

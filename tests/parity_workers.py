@@ -1,4 +1,4 @@
-"""What 2 gloo processes run for tests/test_accelerate_parity.py: every check in one launch (starting processes
+"""What 2 gloo processes run for tests/accelerate/test_accelerate_parity.py: every check in one launch (starting processes
 costs seconds), each returning plain values (or the error it raised) under its own name.
 
 The 1-process references are computed inside each process without collectives: plain DataLoaders and models.

@@ -5,7 +5,7 @@
 # non-zero if any run failed. Extra arguments go to pytest.
 #
 #   bash tests/stress.sh 3
-#   bash tests/stress.sh 1 tests/test_parallel.py    # one file, for a quick look
+#   bash tests/stress.sh 1 tests/accelerate/test_parallel.py    # one file, for a quick look
 set -u
 
 runs="${1:-3}"

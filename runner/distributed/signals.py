@@ -178,7 +178,7 @@ def ignore(sig: signal.Signals) -> None:
 def interrupt_once() -> None:
     """Ctrl-C reaches a worker twice: from the terminal (the whole process group) and then from the launcher
     ending its workers. The second must not land in the first one's exit path, where multiprocessing would print
-    it as a traceback (seen in tests/test_faults.py's Ctrl-C test): one KeyboardInterrupt, then SIGINT is ignored."""
+    it as a traceback (seen in tests/launch/test_faults.py's Ctrl-C test): one KeyboardInterrupt, then SIGINT is ignored."""
 
     def interrupt(signum, frame) -> None:
         ignore(signal.SIGINT)

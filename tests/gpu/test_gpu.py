@@ -93,10 +93,10 @@ def test_the_cli_on_one_gpu_with_gpu_ids(cli):
 
 
 def test_sigkill_then_resume_auto_is_bitwise_exact_on_gpu(tmp_path_factory):
-    """tests/test_resume.py's SIGKILL case with hardware=gpu: killed after its checkpoint at step 6, resume=auto must
+    """tests/training/test_resume.py's SIGKILL case with hardware=gpu: killed after its checkpoint at step 6, resume=auto must
     end with the uninterrupted run's weights, bit for bit, and log the same values (the MLP's CUDA kernels are
     deterministic for a fixed shape, so any difference is the resume's)."""
-    from test_resume import RUN, assert_same_run, kill_everything, run_cli, start, wait_for_checkpoint
+    from resume_helpers import RUN, assert_same_run, kill_everything, run_cli, start, wait_for_checkpoint
 
     reference_cwd, cwd = tmp_path_factory.mktemp("reference"), tmp_path_factory.mktemp("killed")
     result = run_cli(*RUN, "hardware=gpu", "hydra.run.dir=run", cwd=reference_cwd)

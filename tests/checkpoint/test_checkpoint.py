@@ -28,36 +28,11 @@ from runner.config import CheckpointConfig, MonitorMode
 from runner.errors import CheckpointError, ConfigError, DiskFull, WriteError
 from runner.models import MLP
 
-RESOLVED = {"model": {"_target_": "runner.models.MLP", "in_features": 4, "out_features": 3, "hidden": [8]},
-            "seed": 0, "resume": None}
-
-
-def _objects(seed: int = 0):
-    torch.manual_seed(seed)
-    model = MLP(4, 3, hidden=[8])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
-    model(torch.randn(5, 4)).sum().backward()
-    optimizer.step()
-    return model, optimizer
-
-
-def _checkpointer(run_dir, mode=MonitorMode.max, **settings) -> Checkpointer:
-    return Checkpointer(run_dir, CheckpointConfig(**settings), writer=True, monitor="val/accuracy",
-                        monitor_mode=mode, world_size=1, resolved=RESOLVED)
-
-
-def _save(checkpointer, model, optimizer, step, accuracy=None, final=False):
-    metrics = {} if accuracy is None else {"val/accuracy": accuracy}
-    position = {"step": step, "epoch": 0, "batch_in_epoch": step}
-    state = {"optimizer": optimizer.state_dict(), "loop": {"step": step}}
-    path = checkpointer.save(model, state, position, metrics, final=final)
-    checkpointer.wait()  # sealing runs in the background; its errors surface here
-    return path
-
+from checkpoint_helpers import RESOLVED, NotPlainData, checkpointer_in, save_step, trained_objects
 
 def test_a_checkpoint_has_a_manifest_that_matches_its_files(tmp_path):
-    model, optimizer = _objects()
-    path = _save(_checkpointer(tmp_path), model, optimizer, step=7, accuracy=0.5)
+    model, optimizer = trained_objects()
+    path = save_step(checkpointer_in(tmp_path), model, optimizer, step=7, accuracy=0.5)
     assert path == tmp_path / "checkpoints" / "step_00000007" and read_pointer(tmp_path / "checkpoints") == path.name
     manifest = files.read_manifest(path)
     assert {k: manifest[k] for k in ("format", "step", "epoch", "batch_in_epoch", "world_size", "monitor_value")} == {
@@ -71,9 +46,9 @@ def test_a_checkpoint_has_a_manifest_that_matches_its_files(tmp_path):
 
 
 def test_the_state_file_needs_no_unsafe_globals(tmp_path):
-    model, optimizer = _objects()
+    model, optimizer = trained_objects()
     scaler = torch.amp.GradScaler("cpu")
-    checkpointer = _checkpointer(tmp_path)
+    checkpointer = checkpointer_in(tmp_path)
     path = checkpointer.save(model, {"optimizer": optimizer.state_dict(), "scaler": scaler.state_dict()},
                              {"step": 1, "epoch": 0, "batch_in_epoch": 1}, {})
     checkpointer.wait()
@@ -83,10 +58,10 @@ def test_the_state_file_needs_no_unsafe_globals(tmp_path):
 
 
 def test_restore_brings_back_weights_optimizer_and_rng(tmp_path):
-    model, optimizer = _objects(seed=0)
-    path = _save(_checkpointer(tmp_path), model, optimizer, step=3)
+    model, optimizer = trained_objects(seed=0)
+    path = save_step(checkpointer_in(tmp_path), model, optimizer, step=3)
     expected = (random.random(), np.random.rand(), torch.rand(1))
-    fresh_model, fresh_optimizer = _objects(seed=1)
+    fresh_model, fresh_optimizer = trained_objects(seed=1)
     state = restore(path, fresh_model, fresh_optimizer, resolved=RESOLVED)
     checkpointer_module.apply_rng(state)
     assert (random.random(), np.random.rand(), torch.rand(1)) == expected
@@ -106,9 +81,9 @@ def test_numpy_and_python_rng_round_trip_through_weights_only_load(tmp_path):
 
 
 def test_disk_full_while_saving_keeps_the_previous_checkpoint_and_removes_partial_files(tmp_path, monkeypatch):
-    model, optimizer = _objects()
-    checkpointer = _checkpointer(tmp_path)
-    previous = _save(checkpointer, model, optimizer, step=1)
+    model, optimizer = trained_objects()
+    checkpointer = checkpointer_in(tmp_path)
+    previous = save_step(checkpointer, model, optimizer, step=1)
 
     def full_disk(obj, path):
         with open(path, "wb") as handle:
@@ -117,7 +92,7 @@ def test_disk_full_while_saving_keeps_the_previous_checkpoint_and_removes_partia
 
     monkeypatch.setattr(checkpointer_module.torch, "save", full_disk)
     with pytest.raises(DiskFull) as caught:
-        _save(checkpointer, model, optimizer, step=2)
+        save_step(checkpointer, model, optimizer, step=2)
     assert str(caught.value) == (
         f"no space left on the disk holding {tmp_path / 'checkpoints' / 'step_00000002'} while writing checkpoint "
         "step 2 (its partial files were removed; earlier checkpoints are untouched)")
@@ -137,9 +112,9 @@ def test_a_safetensors_error_while_writing_the_weights_is_the_write_error_and_le
     """safetensors raises its own SafetensorError (neither OSError nor RuntimeError) when the disk fills up."""
     from safetensors import SafetensorError
 
-    model, optimizer = _objects()
-    checkpointer = _checkpointer(tmp_path)
-    _save(checkpointer, model, optimizer, step=1)
+    model, optimizer = trained_objects()
+    checkpointer = checkpointer_in(tmp_path)
+    save_step(checkpointer, model, optimizer, step=1)
 
     def full_disk(model, path, *args, **kwargs):
         with open(path, "wb") as handle:
@@ -148,7 +123,7 @@ def test_a_safetensors_error_while_writing_the_weights_is_the_write_error_and_le
 
     monkeypatch.setattr(checkpointer_module, "save_model", full_disk)
     with pytest.raises(WriteError) as caught:
-        _save(checkpointer, model, optimizer, step=2)
+        save_step(checkpointer, model, optimizer, step=2)
     final = tmp_path / "checkpoints" / "step_00000002"
     assert str(caught.value) == expected.format(final=final) + (
         " (its partial files were removed; earlier checkpoints are untouched)")
@@ -158,16 +133,16 @@ def test_a_safetensors_error_while_writing_the_weights_is_the_write_error_and_le
 
 @pytest.mark.parametrize("crash_in", ["write_pointer", "fsync_path", "_replace_dir"])
 def test_a_crash_at_any_stage_leaves_a_loadable_checkpoint(tmp_path, monkeypatch, crash_in):
-    model, optimizer = _objects()
-    checkpointer = _checkpointer(tmp_path)
-    _save(checkpointer, model, optimizer, step=1)
+    model, optimizer = trained_objects()
+    checkpointer = checkpointer_in(tmp_path)
+    save_step(checkpointer, model, optimizer, step=1)
 
     def crash(*args, **kwargs):
         raise OSError(errno.EIO, "simulated crash")
 
     monkeypatch.setattr(files, crash_in, crash)
     with pytest.raises(WriteError, match="simulated crash"):
-        _save(checkpointer, model, optimizer, step=2)
+        save_step(checkpointer, model, optimizer, step=2)
     monkeypatch.undo()
     chosen = find_resume("auto", tmp_path)
     assert chosen is not None and damage(chosen) is None
@@ -175,10 +150,10 @@ def test_a_crash_at_any_stage_leaves_a_loadable_checkpoint(tmp_path, monkeypatch
 
 
 def test_resume_auto_falls_back_past_a_damaged_newest_checkpoint(tmp_path, caplog):
-    model, optimizer = _objects()
-    checkpointer = _checkpointer(tmp_path)
+    model, optimizer = trained_objects()
+    checkpointer = checkpointer_in(tmp_path)
     for step in (1, 2, 3):
-        _save(checkpointer, model, optimizer, step=step)
+        save_step(checkpointer, model, optimizer, step=step)
     with open(tmp_path / "checkpoints" / "step_00000003" / STATE_FILE, "r+b") as handle:
         handle.seek(100)
         handle.write(b"tampered")  # same size, different bytes: only the sha256 notices
@@ -201,15 +176,15 @@ def test_resume_arguments_and_the_fresh_run_guard(tmp_path, caplog):
     assert "starting from scratch" in caplog.text
     with pytest.raises(CheckpointError, match="neither a checkpoint nor a directory of checkpoints"):
         find_resume(str(tmp_path / "nope"), tmp_path)
-    model, optimizer = _objects()
-    _save(_checkpointer(tmp_path), model, optimizer, step=1)
+    model, optimizer = trained_objects()
+    save_step(checkpointer_in(tmp_path), model, optimizer, step=1)
     with pytest.raises(ConfigError, match="already holds a run with checkpoints; continue it with resume=auto"):
         find_resume(None, tmp_path)
 
 
 def test_a_different_world_size_or_model_is_refused_with_the_mismatch_named(tmp_path):
-    model, optimizer = _objects()
-    path = _save(_checkpointer(tmp_path), model, optimizer, step=1)
+    model, optimizer = trained_objects()
+    path = save_step(checkpointer_in(tmp_path), model, optimizer, step=1)
     with pytest.raises(CheckpointError, match=r"written by a run with 1 process\(es\) and this run has 2.*"
                                               r"hardware.num_processes=1"):
         restore(path, model, optimizer, world_size=2)
@@ -220,22 +195,22 @@ def test_a_different_world_size_or_model_is_refused_with_the_mismatch_named(tmp_
 
 
 def test_keep_last_and_keep_best(tmp_path):
-    model, optimizer = _objects()
-    checkpointer = _checkpointer(tmp_path, keep_last=2, keep_best=1)
+    model, optimizer = trained_objects()
+    checkpointer = checkpointer_in(tmp_path, keep_last=2, keep_best=1)
     for step, accuracy in [(1, 0.2), (2, 0.9), (3, 0.5), (4, None), (5, 0.4)]:
-        _save(checkpointer, model, optimizer, step=step, accuracy=accuracy)
+        save_step(checkpointer, model, optimizer, step=step, accuracy=accuracy)
     kept = [manifest["step"] for _, manifest in complete_checkpoints(tmp_path / "checkpoints")]
     assert kept == [2, 4, 5]  # the best (0.9 at step 2) and the last two
     assert checkpointer.best == {"step": 2, "value": 0.9}
 
-    low = _checkpointer(tmp_path / "min", MonitorMode.min, keep_last=1, keep_best=2)
+    low = checkpointer_in(tmp_path / "min", MonitorMode.min, keep_last=1, keep_best=2)
     for step, accuracy in [(1, 0.3), (2, 0.1), (3, 0.2), (4, 0.5)]:
-        _save(low, model, optimizer, step=step, accuracy=accuracy)
+        save_step(low, model, optimizer, step=step, accuracy=accuracy)
     assert [m["step"] for _, m in complete_checkpoints(tmp_path / "min" / "checkpoints")] == [2, 3, 4]
 
-    by_default = _checkpointer(tmp_path / "default")  # a 20-epoch run keeps the newest three, not 20
+    by_default = checkpointer_in(tmp_path / "default")  # a 20-epoch run keeps the newest three, not 20
     for step in range(1, 21):
-        _save(by_default, model, optimizer, step=step)
+        save_step(by_default, model, optimizer, step=step)
     assert [m["step"] for _, m in complete_checkpoints(tmp_path / "default" / "checkpoints")] == [18, 19, 20]
 
 
@@ -251,10 +226,10 @@ def test_cadence():
 
 
 def test_export_is_loadable_without_the_runner(tmp_path):
-    model, optimizer = _objects()
-    checkpointer = _checkpointer(tmp_path)
-    _save(checkpointer, model, optimizer, step=1, accuracy=0.7)
-    _save(checkpointer, model, optimizer, step=2, accuracy=0.4, final=True)
+    model, optimizer = trained_objects()
+    checkpointer = checkpointer_in(tmp_path)
+    save_step(checkpointer, model, optimizer, step=1, accuracy=0.7)
+    save_step(checkpointer, model, optimizer, step=2, accuracy=0.4, final=True)
     export = tmp_path / "export"
     assert sorted(p.name for p in export.iterdir()) == [
         "best.json", "best.safetensors", "config.yaml", "final.json", "final.safetensors"]
@@ -280,8 +255,8 @@ print(config["model"]["_target_"], sorted(weights), tuple(weights["0.weight"].sh
 
 def test_large_files_are_hashed_in_blocks_and_any_altered_block_is_found(tmp_path, monkeypatch):
     monkeypatch.setattr(files, "BLOCK", 1024)
-    model, optimizer = _objects()
-    path = _save(_checkpointer(tmp_path), model, optimizer, step=1)
+    model, optimizer = trained_objects()
+    path = save_step(checkpointer_in(tmp_path), model, optimizer, step=1)
     entry = files.read_manifest(path)["files"][STATE_FILE]
     assert len(entry["sha256"]) == -(-entry["size"] // 1024) > 2
     data = bytearray((path / STATE_FILE).read_bytes())
@@ -292,7 +267,7 @@ def test_large_files_are_hashed_in_blocks_and_any_altered_block_is_found(tmp_pat
 
 
 def test_grad_scaler_state_comes_back(tmp_path):
-    model, optimizer = _objects()
+    model, optimizer = trained_objects()
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
     scaler.scale(torch.ones(1))  # the scale tensor exists from the first use on
     scaler.update(new_scale=256.0)
@@ -344,8 +319,8 @@ def test_sealing_runs_in_the_background_and_the_checkpoint_appears_only_when_sea
         return real_seal(*args)
 
     monkeypatch.setattr(files, "seal", slow_seal)
-    model, optimizer = _objects()
-    checkpointer = _checkpointer(tmp_path)
+    model, optimizer = trained_objects()
+    checkpointer = checkpointer_in(tmp_path)
     path = checkpointer.save(model, {"optimizer": optimizer.state_dict()}, {"step": 4, "epoch": 0, "batch_in_epoch": 4}, {})
     assert path.name == "step_00000004" and not path.exists()  # returned while the files are not sealed yet
     assert complete_checkpoints(tmp_path / "checkpoints") == [] and find_resume("auto", tmp_path) is None
@@ -354,16 +329,12 @@ def test_sealing_runs_in_the_background_and_the_checkpoint_appears_only_when_sea
     assert damage(path) is None and read_pointer(tmp_path / "checkpoints") == path.name
 
 
-class NotPlainData:
-    """Stands for whatever an attacker pickles: a class weights_only=True does not allow."""
-
-
 def test_a_resealed_checkpoint_holding_pickled_objects_is_refused_with_a_message(tmp_path):
     """Someone rewrote state.pt and recomputed the manifest's hashes: verification passes, loading must not run
     (or even build) the pickled object, and says so without a traceback."""
-    model, optimizer = _objects()
-    checkpointer = _checkpointer(tmp_path)
-    path = _save(checkpointer, model, optimizer, step=1)
+    model, optimizer = trained_objects()
+    checkpointer = checkpointer_in(tmp_path)
+    path = save_step(checkpointer, model, optimizer, step=1)
     torch.save({"loop": NotPlainData()}, path / STATE_FILE)
     manifest = files.read_manifest(path)
     digests = files.block_digests([path / name for name in manifest["files"]])
@@ -373,12 +344,12 @@ def test_a_resealed_checkpoint_holding_pickled_objects_is_refused_with_a_message
     assert damage(path) is None  # resealed: the hashes match
     with pytest.raises(CheckpointError, match=r"state.pt cannot be loaded safely \(UnpicklingError: .*altered after "
                                               r"it was written"):
-        restore(path, _objects()[0], world_size=1)
+        restore(path, trained_objects()[0], world_size=1)
 
 
 def test_the_sharded_layout_keeps_the_same_retention_verification_exports_and_exact_restore(tmp_path):
     # parallel=fsdp's layout from one process (DCP without a process group): what changes is only who writes what.
-    model, optimizer = _objects()
+    model, optimizer = trained_objects()
     checkpointer = Checkpointer(tmp_path, CheckpointConfig(keep_last=2, keep_best=1), writer=True,
                                 monitor="val/accuracy", monitor_mode=MonitorMode.max, world_size=1,
                                 resolved=RESOLVED, layout=files.Layout.dcp)
@@ -398,7 +369,7 @@ def test_the_sharded_layout_keeps_the_same_retention_verification_exports_and_ex
     for name in ("final", "best"):  # plain safetensors files with the model's own names
         assert set(load_file(export / f"{name}.safetensors")) == set(model.state_dict())
 
-    fresh, fresh_optimizer = _objects(seed=1)
+    fresh, fresh_optimizer = trained_objects(seed=1)
     restore(path, fresh, fresh_optimizer)
     for (name, a), b in zip(model.state_dict().items(), fresh.state_dict().values()):
         assert torch.equal(a, b), name

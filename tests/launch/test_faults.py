@@ -35,7 +35,7 @@ def tmpfs(tmp_path):
     mount.mkdir()
     made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True)
     if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({made.stderr.decode().strip()}); tests/test_checkpoint.py injects "
+        pytest.skip(f"cannot mount a tmpfs here ({made.stderr.decode().strip()}); tests/checkpoint/test_checkpoint.py injects "
                     "ENOSPC instead")
     yield mount
     subprocess.run(["umount", "-l", str(mount)], capture_output=True)

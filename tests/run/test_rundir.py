@@ -68,14 +68,14 @@ def test_a_tampered_state_and_another_process_count_are_refusals_resume_auto_can
     import pytest
     import torch
 
-    from runner.checkpoint import files
-    from runner.training.checkpointer import restore
+    from checkpoint_helpers import NotPlainData, checkpointer_in, save_step, trained_objects
+    from runner.checkpoint import MANIFEST, files
     from runner.errors import ResumeRefused
-    from test_checkpoint import MANIFEST, STATE_FILE, NotPlainData, _checkpointer, _objects, _save
+    from runner.training.checkpointer import STATE_FILE, restore
 
-    path = _save(_checkpointer(tmp_path), *_objects(), step=1)  # written by 1 process
+    path = save_step(checkpointer_in(tmp_path), *trained_objects(), step=1)  # written by 1 process
     with pytest.raises(ResumeRefused, match="was written by a run with 1 process") as refused:
-        restore(path, _objects()[0], world_size=2)
+        restore(path, trained_objects()[0], world_size=2)
     assert refused.value.resume_helps is False
     torch.save({"loop": NotPlainData()}, path / STATE_FILE)  # altered, then resealed
     manifest = files.read_manifest(path)
@@ -84,6 +84,6 @@ def test_a_tampered_state_and_another_process_count_are_refusals_resume_auto_can
                          for name in manifest["files"]}
     (path / MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(ResumeRefused, match="cannot be loaded safely") as refused:
-        restore(path, _objects()[0], world_size=1)
+        restore(path, trained_objects()[0], world_size=1)
     assert refused.value.resume_helps is False
 

@@ -17,12 +17,12 @@ from runner.training.checkpointer import read_config
 from runner.checkpoint.files import Layout, block_digests, read_manifest
 from runner.config import CheckpointConfig, MonitorMode
 from runner.errors import CheckpointError
-from test_checkpoint import RESOLVED, _objects  # the same small model and config
+from checkpoint_helpers import RESOLVED, trained_objects  # the same small model and config
 
 
 def _sharded_run(run_dir, steps=(1, 2)):
     """A run dir with sharded (parallel=fsdp layout) checkpoints, written by one process."""
-    model, optimizer = _objects()
+    model, optimizer = trained_objects()
     checkpointer = Checkpointer(run_dir, CheckpointConfig(), writer=True, monitor="val/accuracy",
                                 monitor_mode=MonitorMode.max, world_size=1, resolved=RESOLVED, layout=Layout.dcp)
     for step in steps:
@@ -75,13 +75,13 @@ def test_a_resealed_metadata_that_runs_code_is_refused_on_resume_auto_and_named_
     with pytest.raises(CheckpointError, match=expected):
         find_resume(str(checkpoints / "step_00000002"), tmp_path / "elsewhere")
     with pytest.raises(CheckpointError, match=expected):  # a worker loading it directly: refused the same way
-        restore(checkpoints / "step_00000002", *_objects(seed=1), world_size=1)
+        restore(checkpoints / "step_00000002", *trained_objects(seed=1), world_size=1)
     assert not marker.exists()
 
     # The checkpoint the message names is genuine and loads (through the same restricted reader).
     assert find_resume(str(checkpoints / "step_00000001"), tmp_path / "elsewhere") == checkpoints / "step_00000001"
-    model, optimizer = _objects()
-    fresh, fresh_optimizer = _objects(seed=1)
+    model, optimizer = trained_objects()
+    fresh, fresh_optimizer = trained_objects(seed=1)
     restore(checkpoints / "step_00000001", fresh, fresh_optimizer, world_size=1)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))
     assert fresh_optimizer.param_groups[0]["lr"] == 0.1  # a non-tensor value, read weights-only
@@ -108,7 +108,7 @@ def test_a_non_tensor_value_in_the_shards_is_read_weights_only(tmp_path):
     planner loads with weights_only=False."""
     import torch.distributed.checkpoint as dcp
 
-    model, optimizer = _objects()
+    model, optimizer = trained_objects()
     marker = tmp_path / "ran"
     state = {"model": sharded.model_state(model), "optimizer": sharded.optimizer_state(model, optimizer)}
     state["optimizer"]["param_groups"][0]["lr"] = TouchesAFile(marker)
@@ -130,7 +130,7 @@ def test_a_python_tag_in_a_checkpoints_config_yaml_is_one_message_and_runs_nothi
     with pytest.raises(CheckpointError, match=expected):
         read_config(config)
     with pytest.raises(CheckpointError, match=expected):  # read when the config changed since the checkpoint
-        restore(config.parent, *_objects(seed=1), world_size=1, resolved={**RESOLVED, "seed": 1})
+        restore(config.parent, *trained_objects(seed=1), world_size=1, resolved={**RESOLVED, "seed": 1})
     from runner.commands.sample import load_model
 
     with pytest.raises(CheckpointError, match=expected):

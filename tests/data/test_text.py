@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
-import random
 from collections import Counter
 
 import numpy as np
 import pytest
 import torch
 
+from matrix_data import corpus
 from runner.data import make_batches, text_files
 from runner.data.tokenizers import BytePairEncoding, CharLevel, load_tokenizer
 from runner.data.tokens import TokenBlocks
@@ -17,15 +17,6 @@ from runner.errors import ConfigError
 from runner.models import GPT
 from runner.commands.sample import SampleSettings, sample
 from runner.training.tasks import LanguageModeling
-
-WORDS = ["the cat", "a dog", "my bird", "the fish"]
-VERBS = ["sat on", "ran to", "looked at"]
-
-
-def corpus(lines: int, seed: int = 0) -> str:
-    rng = random.Random(seed)
-    return "".join(f"{rng.choice(WORDS)} {rng.choice(VERBS)} {rng.choice(WORDS)}.\n" for _ in range(lines))
-
 
 def test_char_tokenizer_round_trips_and_saves(tmp_path):
     text = "hello, world\nsecond line é\n"

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conftest import read_jsonl
-from test_resume import HELPERS_ENV, assert_same_run, run_cli
+from resume_helpers import HELPERS_ENV, assert_same_run, run_cli
 
 # 256 rows / 16 per batch = 16 steps per epoch, 2 epochs = 32 steps; evaluations at steps 10, 20, 30 and the final
 # one at 32, each of 64 / 16 = 4 batches; a checkpoint every 3 steps (not at 10 or 32).

@@ -1,6 +1,6 @@
 """Accelerator.save_model (runner/checkpoint/model_dir.py): transformers' layout, whole or in shards, read back by
 huggingface_hub; a later save replaces an earlier one only once it is complete, and bad arguments are refused.
-Under FSDP on 2 processes: tests/test_parallel.py."""
+Under FSDP on 2 processes: tests/accelerate/test_parallel.py."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import read_scalars
-from test_text import corpus
+from matrix_data import corpus
 from tolerances import reordered_sum_bound
 
 TINY_GPT2 = ("model.config.n_layer=1", "model.config.n_head=2", "model.config.n_embd=32", "data.block_size=16")

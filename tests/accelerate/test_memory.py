@@ -1,5 +1,5 @@
 """runner.accelerate.memory and `runner plan`: the figures from the meta device against the tensors a real model, its
-gradients and its optimizer hold (FSDP's shards on 2 processes: tests/test_parallel.py)."""
+gradients and its optimizer hold (FSDP's shards on 2 processes: tests/accelerate/test_parallel.py)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """Every recipe with every option of every config group: composed, checked and built in-process (the model on the
 meta device, the data for real on small files, one batch's shapes through the model). Each pair either builds, or
-is in tests/recipe_pairs.yaml with the key its message names, and then the message also names the recipe and the
+is in tests/run/recipe_pairs.yaml with the key its message names, and then the message also names the recipe and the
 pair. A new recipe, group option or incompatibility is a reviewed change of that file.
 
-Regenerate the file after an intended change: `python tests/test_recipe_matrix.py > tests/recipe_pairs.yaml`.
+Regenerate the file after an intended change: `python tests/run/test_recipe_matrix.py > tests/run/recipe_pairs.yaml`.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 
+if __name__ == "__main__":  # run as a script: the shared helpers in tests/, as pytest's conftest.py puts them
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import matrix_data
 from runner.run import validate as validate_module
 from runner.run.compose import CONFIG_DIR, TARGET_GROUPS, apply_group_swaps, freeze, with_recipe
@@ -116,15 +118,14 @@ def test_every_recipe_builds_with_its_own_groups(matrix):
         assert matrix[recipe, "precision", "bf16"] is None and matrix[recipe, "parallel", "ddp"] is None, recipe
 
 
-if __name__ == "__main__":  # regenerate tests/recipe_pairs.yaml
+if __name__ == "__main__":  # regenerate tests/run/recipe_pairs.yaml
     import tempfile
 
-    sys.path.insert(0, str(Path(__file__).parent))
     with tempfile.TemporaryDirectory() as tmp:
         found = outcomes(Path(tmp))
     table: dict = {recipe: {} for recipe in _recipes()}
     for (recipe, group, option), err in found.items():
         if err is not None:
             table[recipe].setdefault(group, {})[option] = _first_key(err)
-    print("# recipe -> group -> option -> the key its error names; every pair not listed builds (tests/test_recipe_matrix.py)")
+    print("# recipe -> group -> option -> the key its error names; every pair not listed builds (tests/run/test_recipe_matrix.py)")
     print(yaml.safe_dump(table, sort_keys=True), end="")

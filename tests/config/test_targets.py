@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from hydra.utils import get_object
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TARGET = re.compile(r"""_target_["']?\s*[:=]\s*["']?([A-Za-z_][A-Za-z0-9_.]*)""")
 
 

@@ -33,7 +33,7 @@ def test_one_machine_meets_on_a_free_port_with_a_fresh_run_id(tmp_path):
     assert (first.rdzv_backend, first.rdzv_endpoint) == ("c10d", "localhost:0")  # port 0: never collides
     assert first.run_id != second.run_id
     assert (first.min_nodes, first.max_nodes, first.nproc_per_node, first.max_restarts) == (1, 1, 3, 0)
-    assert first.start_method == "fork"  # as asked; the default (auto) is tests/test_devices.py's
+    assert first.start_method == "fork"  # as asked; the default (auto) is tests/distributed/test_devices.py's
     assert first.shutdown_timeout == 7 and first.rdzv_configs["timeout"] == 90
     assert first.logs_specs.root_log_dir == str(tmp_path / "ranks")
 

@@ -1,0 +1,41 @@
+"""Helpers for the in-process checkpoint tests (tests/checkpoint, tests/run/test_rundir.py,
+tests/launch/test_worker.py): a small trained model and optimizer, the loop's Checkpointer on a run dir, and one save
+waited for to the end."""
+
+from __future__ import annotations
+
+import torch
+
+from runner.config import CheckpointConfig, MonitorMode
+from runner.models import MLP
+from runner.training.checkpointer import Checkpointer
+
+RESOLVED = {"model": {"_target_": "runner.models.MLP", "in_features": 4, "out_features": 3, "hidden": [8]},
+            "seed": 0, "resume": None}
+
+
+def trained_objects(seed: int = 0):
+    torch.manual_seed(seed)
+    model = MLP(4, 3, hidden=[8])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(5, 4)).sum().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def checkpointer_in(run_dir, mode=MonitorMode.max, **settings) -> Checkpointer:
+    return Checkpointer(run_dir, CheckpointConfig(**settings), writer=True, monitor="val/accuracy",
+                        monitor_mode=mode, world_size=1, resolved=RESOLVED)
+
+
+def save_step(checkpointer, model, optimizer, step, accuracy=None, final=False):
+    metrics = {} if accuracy is None else {"val/accuracy": accuracy}
+    position = {"step": step, "epoch": 0, "batch_in_epoch": step}
+    state = {"optimizer": optimizer.state_dict(), "loop": {"step": step}}
+    path = checkpointer.save(model, state, position, metrics, final=final)
+    checkpointer.wait()  # sealing runs in the background; its errors surface here
+    return path
+
+
+class NotPlainData:
+    """Stands for whatever an attacker pickles: a class weights_only=True does not allow."""
