@@ -62,7 +62,7 @@ def test_both_arms_train_the_same_steps(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["accelerate", "fabric"])
-def test_framework_arms_train_the_plain_loop_through_the_framework(name, monkeypatch):
+def test_framework_arms_train_the_plain_loop(name, monkeypatch):
     """The Accelerate and Fabric arms run the plain loop's very steps, with the model and optimizer set up by the
     framework and the loss through its backward: the same weights as the plain loop after the same steps."""
     import torch
@@ -84,7 +84,7 @@ def test_framework_arms_train_the_plain_loop_through_the_framework(name, monkeyp
     assert torch.equal(wrapped, plain)
 
 
-def test_loop_comparison_interleaves_every_arm_against_plain(results):
+def test_loops_interleave_every_arm_against_plain(results):
     loops = results["tiny"]
     assert loops["workload"] == "Linear 32-10, batch 64" and loops["steps"] == 8
     assert tuple(loops["arms"]) == ARMS and loops["missing"] == []
@@ -123,7 +123,7 @@ def test_data_path_and_startup_sections(results):
     assert 0 < startup["plain_with_libraries_exit_s"]["median"]
 
 
-def test_report_has_a_row_per_arm_and_a_verdict_per_target(results):
+def test_report_has_arm_rows_and_target_verdicts(results):
     text = overhead.report(results, pairs=2)
     lines = text.splitlines()
     assert lines[0].startswith("runner overhead vs plain PyTorch") and "2 pairs" in lines[0]
@@ -142,7 +142,7 @@ def test_report_has_a_row_per_arm_and_a_verdict_per_target(results):
     assert any(line.startswith("  last write to process exit (stopping) ") for line in lines)
 
 
-def test_an_arm_whose_package_is_missing_is_skipped_with_a_note(monkeypatch):
+def test_an_uninstalled_arm_is_skipped_with_a_note(monkeypatch):
     monkeypatch.setattr(overhead.alternatives, "installed", lambda arm: arm != "fabric")
     row = overhead.compare_loops(TINY, pairs=1, steps=4, warmup=2, rounds=2, arms=("plain", "runner", "fabric"))
     assert tuple(row["arms"]) == ("plain", "runner")
@@ -164,7 +164,8 @@ def checkpoint_results(tmp_path_factory):
     return compare.checkpoint.measure(1, 1, tmp_path_factory.mktemp("ckpt"))
 
 
-def test_every_arm_trains_on_two_processes_and_reports_its_ratio(distributed_results):
+def test_every_arm_trains_on_two_processes(distributed_results):
+    """Each arm's steps/s and its ratio to plain PyTorch are reported."""
     assert distributed_results["steps"] == 20 and distributed_results["missing"] == []
     assert tuple(distributed_results["arms"]) == ARMS
     for arm, row in distributed_results["arms"].items():
@@ -190,7 +191,8 @@ def test_every_arm_saves_and_loads_the_same_weights(checkpoint_results):
     assert "accelerate save" in text and "fabric load" in text and "x plain" in text
 
 
-def test_the_finite_check_benchmark_saves_both_ways_and_reports_the_check_s_share(tmp_path):
+def test_finite_check_benchmark_saves_both_ways(tmp_path):
+    """Checked and unchecked; the report gives the check's share of the save (target <= 5%)."""
     result = compare.checkpoint.measure_finite_check(1, 2, tmp_path)
     assert set(result) == {"save, checked", "save, unchecked", "until sealed, checked", "until sealed, unchecked",
                            "check alone", "save: checked / unchecked, paired",
@@ -202,7 +204,7 @@ def test_the_finite_check_benchmark_saves_both_ways_and_reports_the_check_s_shar
     assert "(target <= 5%)" in compare.checkpoint.report_finite_check(result)
 
 
-def test_the_table_has_a_column_per_arm_and_a_row_per_measure(results, distributed_results, checkpoint_results):
+def test_the_table_has_arm_columns_and_measure_rows(results, distributed_results, checkpoint_results):
     # The tiny loop stands in for the MLP row too: the same code path, a fraction of the time.
     table = {**results, "mlp": results["tiny"], "distributed": distributed_results, "checkpoint": checkpoint_results}
     lines = compare.table(table).splitlines()
@@ -220,7 +222,7 @@ def test_the_table_has_a_column_per_arm_and_a_row_per_measure(results, distribut
     assert rows[0][1].endswith(" ms") and rows[0][2].startswith(("+", "-"))
 
 
-def test_the_baselines_score_the_recipes_own_validation_split(tmp_path):
+def test_baselines_score_the_recipe_validation_split(tmp_path):
     """benchmarks/baselines.py fits scikit-learn on exactly the rows the recipe trains on and scores the rows it
     validates on: the same hold-out as runner.data.text_classification and sklearn_digits."""
     pytest.importorskip("sklearn")

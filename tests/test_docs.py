@@ -213,7 +213,7 @@ def test_block_runs(where, language, code, kind, option, tmp_path):
         assert _compose_recorded(recorded, tmp_path, env, where) == expected  # every such command was composed
 
 
-def test_the_recipe_runs_as_written_from_a_users_project(tmp_path, capsys):
+def test_the_docs_recipe_runs_in_a_users_project(tmp_path, capsys):
     """docs/recipes.md's own recipe, with a model and a table of the shapes it names; run by runner.commands.cli.main in this
     process as `python -m runner` runs it in the user's project (its folder importable)."""
     pandas = pytest.importorskip("pandas")
@@ -286,11 +286,11 @@ def test_the_group_table_lists_every_option():
         assert listed == _conf(group), (group, listed, _conf(group))
 
 
-def test_the_hardware_table_lists_every_hardware_choice():
+def test_the_hardware_table_lists_every_choice():
     assert _table_names("distributed.md", "**What each hardware choice does**") == _conf("hardware")
 
 
-def test_every_python_m_command_named_in_the_readme_and_pages_exists():
+def test_every_python_m_command_in_the_docs_exists():
     """`python -m runner.X` and `python -m runner WORD` in the commands table and on the pages name a module users
     can run and a command the runner has."""
     import importlib.util

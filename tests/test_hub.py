@@ -20,7 +20,7 @@ def unreachable_hub(monkeypatch):
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
 
 
-def test_probe_names_the_host_and_port_it_could_not_reach(unreachable_hub, monkeypatch):
+def test_probe_names_the_unreachable_host_and_port(unreachable_hub, monkeypatch):
     reason = hub_unreachable(timeout_s=1.0)
     assert reason is not None and reason.startswith("127.0.0.1:9: ")
     with socket.socket() as listening:  # a host that accepts the connection counts as reachable
@@ -30,7 +30,7 @@ def test_probe_names_the_host_and_port_it_could_not_reach(unreachable_hub, monke
         assert hub_unreachable(timeout_s=1.0) is None
 
 
-def test_hub_dataset_fails_naming_the_key_and_the_ways_out(unreachable_hub):
+def test_hub_dataset_fails_naming_key_and_ways_out(unreachable_hub):
     from runner.data import hub
 
     with pytest.raises(DataError) as caught:
@@ -40,7 +40,8 @@ def test_hub_dataset_fails_naming_the_key_and_the_ways_out(unreachable_hub):
     assert "to load 'imdb'" in message and "HF_HUB_OFFLINE=1" in message and "data=local_files" in message
 
 
-def test_transformers_name_not_cached_fails_naming_the_model_and_the_cache(unreachable_hub, monkeypatch):
+def test_an_uncached_model_names_model_and_cache(unreachable_hub, monkeypatch):
+    """A transformers model name not in the cache, the Hub unreachable: the error names the model and the cache."""
     pytest.importorskip("transformers")
     from huggingface_hub import constants
 

@@ -102,7 +102,7 @@ def test_every_module_has_a_layer():
     assert not unplaced, f"modules with no layer in tests/test_layers.py's LAYERS: {unplaced}"
 
 
-def test_the_public_names_come_from_the_accelerate_layer_or_below():
+def test_public_names_are_at_or_below_accelerate():
     """`runner.Accelerator` and the other names `runner/__init__.py` loads on first use."""
     placed = {name: (module, layer(module)) for name, module in runner._PUBLIC.items()}
     assert all(level <= LAYERS["runner.accelerate"] for _, level in placed.values()), placed

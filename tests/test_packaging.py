@@ -72,7 +72,8 @@ def project(tmp_path) -> Path:
     return tmp_path
 
 
-def test_the_wheel_ships_the_configs_and_the_console_script_runs_a_user_project(installed, project):
+def test_the_wheel_ships_configs_and_runs_a_project(installed, project):
+    """The installed console script lists and runs a user project's own recipe."""
     where = subprocess.run([sys.executable, "-S", "-c", "import runner.config.search_path as p; print(p.config_dir())"],
                            env=_isolated(installed), capture_output=True, text=True, cwd=project)
     assert where.stdout.strip() == str(installed / "runner" / "conf")
@@ -88,7 +89,8 @@ def test_the_wheel_ships_the_configs_and_the_console_script_runs_a_user_project(
     assert [step for step, _ in read_scalars(run_dir, "val/accuracy")] == [2]
 
 
-def test_a_user_recipe_wins_over_a_built_in_one_of_the_same_name(installed, project):
+def test_a_user_recipe_wins_over_a_built_in_one(installed, project):
+    """Of the same name: `recipes show reverse` shows the user's."""
     (project / "recipes" / "reverse.yaml").write_text("# @package _global_\n# Mine.\ntrainer:\n  max_steps: 3\n")
     shown = _in_project(installed, project, "recipes", "show", "reverse")
     assert shown.returncode == 0, shown.stderr
@@ -101,7 +103,7 @@ def test_shell_completion_completes_a_group_name(installed, project):
     assert "hardware=" in completed.stdout.split(), completed.stdout + completed.stderr
 
 
-def test_every_runner_module_imports_without_posix_only_modules():
+def test_modules_import_without_posix_only_modules():
     """Nothing on the import path needs fcntl or SIGUSR1 (absent on Windows): each has a fallback."""
     probe = (
         "import sys, signal, pkgutil, importlib, runner\n"
@@ -119,7 +121,7 @@ def test_every_runner_module_imports_without_posix_only_modules():
     assert result.stdout.strip() == "ok", result.stdout + result.stderr
 
 
-def test_the_accelerator_alone_imports_nothing_a_hand_written_loop_does_not_use():
+def test_the_accelerator_imports_only_what_loops_use():
     """`from runner import Accelerator` in a plain script: no Hydra, OmegaConf, YAML, datasets, TensorBoard or
     safetensors (each costs start-up time; a loop that saves state imports safetensors then), and nothing of the
     runner's own data package."""
@@ -158,7 +160,8 @@ HINT_PATTERNS = (
 )
 
 
-def test_every_install_hint_names_an_extra_pyproject_declares():
+def test_every_install_hint_names_a_declared_extra():
+    """An extra that pyproject.toml declares, in the docs, configs, recipes, runner and benchmarks."""
     extras, named, wrong_distribution = _declared_extras(), [], []
     files = [ROOT / "README.md", *(ROOT / "docs").rglob("*.md"), *(ROOT / "conf").rglob("*.yaml"),
              *(ROOT / "recipes").rglob("*.yaml"), *(ROOT / "runner").rglob("*.py"),
@@ -180,7 +183,7 @@ def test_every_install_hint_names_an_extra_pyproject_declares():
     assert wrong_distribution == []
 
 
-def test_an_install_hint_lists_the_extras_own_packages_from_any_folder(installed, tmp_path):
+def test_install_hints_list_the_extras_packages(installed, tmp_path):
     """From the wheel installed in a folder of its own, run in an unrelated folder: the hint is the extra's packages
     as pyproject declares them, which pip installs from anywhere (an editable `.[digits]` only works in a checkout)."""
     from packaging.requirements import Requirement
@@ -198,7 +201,7 @@ def test_an_install_hint_lists_the_extras_own_packages_from_any_folder(installed
             sorted(map(str, map(Requirement, extras[extra]))), hint
 
 
-def test_a_missing_hydra_plugin_config_names_the_extra_to_install(monkeypatch):
+def test_a_missing_plugin_config_names_its_extra(monkeypatch):
     """Hydra's own error for a config that only a plugin provides ("Could not find 'hydra/launcher/...'"), as the
     runner prints it: with the extra that installs the plugin. A name no plugin provides stands in for the plugin
     that is installed here."""
@@ -213,7 +216,7 @@ def test_a_missing_hydra_plugin_config_names_the_extra_to_install(monkeypatch):
         "install it with pip install 'hydra-submitit-launcher==1.2.0' (the 'slurm' extra of runner-ml)"), str(err.value)
 
 
-def test_each_plugin_config_with_an_extra_comes_from_a_package_of_it():
+def test_each_plugin_config_comes_from_its_extra():
     """Each config in PLUGIN_EXTRAS composes here (its plugin is installed), and its `_target_` lives in a package
     that the named extra installs (hydra_plugins.hydra_joblib_launcher... -> hydra-joblib-launcher)."""
     from hydra import compose, initialize_config_dir

@@ -10,7 +10,8 @@ from tolerances import FLOAT32_EPS, reordered_sum_bound
 
 
 @pytest.mark.parametrize("n_terms", [2, 64, 4096])
-def test_a_mean_summed_in_three_orders_stays_within_the_bare_bound(n_terms):
+def test_reordered_means_stay_within_the_bare_bound(n_terms):
+    """A float32 mean summed in three orders (forward, backward, two halves) stays within the bound at safety=1."""
     terms = np.random.default_rng(n_terms).standard_normal(n_terms).astype(np.float32)
     forward = np.cumsum(terms, dtype=np.float32)[-1] / np.float32(n_terms)  # one term after another
     backward = np.cumsum(terms[::-1], dtype=np.float32)[-1] / np.float32(n_terms)

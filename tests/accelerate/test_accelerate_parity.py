@@ -34,17 +34,20 @@ def dealt(num_samples: int, batch_size: int, rank: int, num_processes: int = 2, 
 
 # -- which batches each process draws (Accelerate's BatchSamplerShard rules) ------------------------------------------
 
-def test_whole_batches_are_dealt_in_turn_so_two_processes_see_what_one_sees_at_twice_the_batch():
+def test_whole_batches_are_dealt_in_turn():
+    """Two processes together see what one process sees at twice the batch size."""
     assert dealt(8, 2, 0)[0] == [[0, 1], [4, 5]]
     assert dealt(8, 2, 1)[0] == [[2, 3], [6, 7]]
 
 
-def test_split_batches_cuts_each_batch_among_the_processes():
+def test_split_batches_cuts_each_batch():
+    """split_batches=True cuts each batch among the processes."""
     assert dealt(8, 2, 0, split_batches=True)[0] == [[0], [2], [4], [6]]
     assert dealt(8, 2, 1, split_batches=True)[0] == [[1], [3], [5], [7]]
 
 
-def test_even_batches_complete_the_last_global_batch_from_the_first_batch_and_count_the_real_samples():
+def test_even_batches_pad_from_the_first_batch():
+    """even_batches completes the last global batch from the first batch and counts the real samples."""
     # 11 samples, batches of 2: the last global batch is [8, 9], [10] -> completed with sample 0.
     assert dealt(11, 2, 0) == ([[0, 1], [4, 5], [8, 9]], [None, None, None])
     assert dealt(11, 2, 1) == ([[2, 3], [6, 7], [10, 0]], [None, None, 1])
@@ -55,13 +58,15 @@ def test_even_batches_complete_the_last_global_batch_from_the_first_batch_and_co
     assert dealt(5, 4, 1, split_batches=True) == ([[2, 3], [1, 2]], [None, 0])
 
 
-def test_without_even_batches_the_last_processes_get_fewer_and_drop_last_drops_the_tail():
+def test_uneven_batches_and_drop_last_cut_the_tail():
+    """Without even_batches the last processes get fewer samples; drop_last drops the incomplete tail."""
     assert dealt(11, 2, 0, even_batches=False)[0] == [[0, 1], [4, 5], [8, 9]]
     assert dealt(11, 2, 1, even_batches=False)[0] == [[2, 3], [6, 7], [10]]
     assert dealt(11, 2, 1, drop_last=True)[0] == [[2, 3], [6, 7]]
 
 
-def test_split_batches_refuses_a_batch_size_the_processes_do_not_divide():
+def test_split_batches_refuses_an_indivisible_size():
+    """split_batches refuses a batch size that the number of processes does not divide."""
     with pytest.raises(ConfigError) as error:
         dealt(12, 3, 0, split_batches=True)
     assert "DataLoaderConfiguration.split_batches" in str(error.value)
@@ -79,7 +84,8 @@ class Stream(IterableDataset):
         return self.n
 
 
-def test_an_iterable_dataset_is_dealt_sample_by_sample_in_global_batches():
+def test_iterable_dataset_is_dealt_sample_by_sample():
+    """An iterable dataset is dealt sample by sample, in global batches."""
     shards = [list(IterableShard(Stream(7), 2, 2, rank)) for rank in range(2)]
     # Global batches of 4: [0..3], then [4, 5, 6] completed with sample 0 (not real).
     assert shards[0] == [(0, True), (1, True), (4, True), (5, True)]
@@ -93,7 +99,8 @@ def make_loader(n: int = 10, batch_size: int = 2, **kwargs) -> DataLoader:
     return DataLoader(TensorDataset(torch.arange(n)), batch_size=batch_size, **kwargs)
 
 
-def test_accumulate_syncs_and_steps_at_the_end_of_the_dataloader():
+def test_accumulate_syncs_at_the_loader_end():
+    """accumulate() syncs and steps at the end of the dataloader, even in the middle of a cycle."""
     accelerator = Accelerator("cpu", gradient_accumulation_steps=2)
     model = accelerator.prepare(nn.Linear(1, 1))
     optimizer = accelerator.prepare(torch.optim.SGD(model.parameters(), lr=0.1))
@@ -123,7 +130,8 @@ def test_sync_each_batch_and_the_plugin_give_the_count():
     assert "give the count once" in str(error.value)
 
 
-def test_a_loader_with_batch_size_none_and_an_iterable_dataset_are_prepared():
+def test_key_and_iterable_loaders_are_prepared():
+    """A loader with batch_size=None and one over an iterable dataset are both prepared."""
     accelerator = Accelerator("cpu", gradient_accumulation_steps=2)
     # batch_size=None: each key the sampler yields is a whole batch, fetched by the dataset itself.
     by_key = DataLoader(list(torch.arange(12).split(4)), batch_size=None)
@@ -132,7 +140,7 @@ def test_a_loader_with_batch_size_none_and_an_iterable_dataset_are_prepared():
     assert [batch.tolist() for batch in stream] == [[0, 1], [2, 3], [4]]
 
 
-def test_seedable_sampler_shuffles_with_data_seed_plus_the_epoch():
+def test_seedable_sampler_uses_data_seed_plus_epoch():
     def order(epoch: int) -> list[int]:
         config = DataLoaderConfiguration(use_seedable_sampler=True, data_seed=11)
         loader = Accelerator("cpu", dataloader_config=config).prepare(make_loader(8, 8, shuffle=True))
@@ -147,7 +155,8 @@ def test_seedable_sampler_shuffles_with_data_seed_plus_the_epoch():
     assert first == order(0) and second == order(1)  # each pass is the next epoch, without set_epoch
 
 
-def test_one_process_prepared_loader_shuffles_exactly_as_the_plain_loader():
+def test_one_process_loader_shuffles_as_plain():
+    """On one process the prepared loader shuffles exactly as the plain loader."""
     torch.manual_seed(5)
     plain = [batch[0].tolist() for _ in range(2) for batch in make_loader(10, 3, shuffle=True)]
     torch.manual_seed(5)
@@ -155,7 +164,8 @@ def test_one_process_prepared_loader_shuffles_exactly_as_the_plain_loader():
     assert [batch[0].tolist() for _ in range(2) for batch in loader] == plain
 
 
-def test_skip_first_batches_and_pickling_a_prepared_loader():
+def test_prepared_loader_skips_batches_and_pickles():
+    """skip_first_batches and pickling work on a prepared loader (a plain one is prepared first)."""
     accelerator = Accelerator("cpu", gradient_accumulation_steps=2)
     loader = accelerator.prepare(make_loader(10, 2))
     skipped = accelerator.skip_first_batches(loader, 3)
@@ -175,7 +185,8 @@ def test_gather_for_metrics_of_objects_on_one_process():
 
 # -- constructor surface and bad input -------------------------------------------------------------------------------
 
-def test_unsupported_dataloader_options_are_refused_by_name():
+def test_unsupported_loader_options_are_refused():
+    """Unsupported DataLoaderConfiguration options are refused by name."""
     with pytest.raises(ConfigError) as error:
         DataLoaderConfiguration(dispatch_batches=True)
     assert "DataLoaderConfiguration.dispatch_batches" in str(error.value) and "dispatch_batches=False" in str(
@@ -187,7 +198,8 @@ def test_unsupported_dataloader_options_are_refused_by_name():
     assert DataLoaderConfiguration(dispatch_batches=False).dispatch_batches is False
 
 
-def test_log_with_other_trackers_and_unknown_kwargs_handlers_are_refused():
+def test_unknown_trackers_and_handlers_are_refused():
+    """log_with naming other trackers, unknown kwargs_handlers and tensorboard without a project_dir are refused."""
     with pytest.raises(ConfigError) as error:
         Accelerator("cpu", log_with="wandb")
     assert "Accelerator(log_with)" in str(error.value) and "['wandb']" in str(error.value)
@@ -205,7 +217,8 @@ def test_grad_scaler_kwargs_set_the_fp16_scaler():
     assert Accelerator("cpu", kwargs_handlers=[GradScalerKwargs(init_scale=8)]).scaler is None  # fp32: no scaler
 
 
-def test_ddp_kwargs_set_ddps_settings_and_are_refused_where_they_would_be_dropped():
+def test_ddp_kwargs_set_ddp_or_are_refused():
+    """DDP kwargs set DDP's settings, and are refused where they would be dropped (fsdp, none, a ParallelConfig)."""
     from runner import DistributedDataParallelKwargs
 
     handler = DistributedDataParallelKwargs(find_unused_parameters=True, bucket_cap_mb=5)
@@ -228,7 +241,8 @@ def test_cpu_true_state_and_distributed_type():
     assert two.distributed_type == DistributedType.MULTI_CPU and two.use_distributed
 
 
-def test_scheduler_steps_num_processes_times_per_optimizer_step_unless_split_or_unlinked():
+def test_scheduler_steps_once_per_process_per_step():
+    """Steps num_processes times per optimizer step, unless split_batches or step_scheduler_with_optimizer=False."""
     def stepped(**kwargs) -> int:
         accelerator = Accelerator("cpu", dist=DistInfo(rank=0, world_size=2), **kwargs)
         optimizer = accelerator.prepare(torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=1.0))
@@ -243,7 +257,8 @@ def test_scheduler_steps_num_processes_times_per_optimizer_step_unless_split_or_
     assert stepped(step_scheduler_with_optimizer=False) == (3, torch.optim.lr_scheduler.StepLR)
 
 
-def test_one_cycle_stops_at_its_total_steps_when_stepped_num_processes_times():
+def test_one_cycle_stops_at_its_total_steps():
+    """OneCycleLR stops at its total steps when stepped num_processes times per optimizer step."""
     accelerator = Accelerator("cpu", dist=DistInfo(rank=0, world_size=2))
     optimizer = accelerator.prepare(torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=1.0))
     scheduler = accelerator.prepare(torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=1.0, total_steps=5))
@@ -253,7 +268,8 @@ def test_one_cycle_stops_at_its_total_steps_when_stepped_num_processes_times():
     assert scheduler.scheduler._step_count == 6  # its constructor's step plus 5
 
 
-def test_collectives_refuse_to_act_locally_when_there_are_two_processes_and_no_group():
+def test_collectives_without_a_group_are_refused():
+    """Collectives refuse to act locally when there are two processes and no process group."""
     accelerator = Accelerator("cpu", dist=DistInfo(rank=0, world_size=2))
     for collective in (lambda: accelerator.gather(torch.ones(1)), lambda: accelerator.reduce(torch.ones(1)),
                        lambda: accelerator.gather_for_metrics(torch.ones(1)), accelerator.wait_for_everyone,
@@ -268,7 +284,8 @@ def test_collectives_refuse_to_act_locally_when_there_are_two_processes_and_no_g
 @pytest.mark.parametrize("rank, expected, padded", [
     (0, ["a", "b", "c"], ["a", "b", "c"]), (1, ["d", "e"], ["d", "e", "e"]), (2, ["f", "g"], ["f", "g", "g"]),
 ])
-def test_split_between_processes_lists_dicts_and_tensors(rank, expected, padded):
+def test_split_between_processes_splits_each_type(rank, expected, padded):
+    """split_between_processes splits lists, dicts and tensors."""
     accelerator = Accelerator("cpu", dist=DistInfo(rank=rank, world_size=3))
     letters = list("abcdefg")
     with accelerator.split_between_processes(letters) as part:
@@ -281,7 +298,7 @@ def test_split_between_processes_lists_dicts_and_tensors(rank, expected, padded)
         assert part.tolist() == [letters.index(c) for c in expected] + [6] * (3 - len(expected))
 
 
-def test_split_between_processes_selects_rows_of_a_dataset():
+def test_split_between_processes_takes_dataset_rows():
     from datasets import Dataset
 
     rows = Dataset.from_dict({"x": list(range(5))})
@@ -293,7 +310,7 @@ def test_split_between_processes_selects_rows_of_a_dataset():
     assert parts == [[0, 1, 2], [3, 4, 4]]
 
 
-def test_split_between_processes_refuses_a_dict_of_uneven_values():
+def test_split_between_processes_refuses_uneven_dict():
     with pytest.raises(ConfigError) as error:
         with Accelerator("cpu").split_between_processes({"x": [1, 2], "y": [1]}):
             pass
@@ -327,7 +344,8 @@ def test_prepare_one_kind_at_a_time_and_main_only_save(tmp_path):
     assert "prepare_model() takes a torch.nn.Module, not a AcceleratedOptimizer" in str(error.value)
 
 
-def test_trigger_register_for_checkpointing_and_free_memory():
+def test_trigger_register_and_free_memory_work():
+    """The trigger fires once; register_for_checkpointing refuses stateless objects; free_memory drops the models."""
     accelerator = Accelerator("cpu")
     assert not accelerator.check_trigger()
     accelerator.set_trigger()
@@ -382,7 +400,7 @@ def check(two_processes, name: str) -> list:
 
 
 @pytest.mark.parametrize("case", ["generator", "global_rng", "split", "custom_sampler"])
-def test_two_processes_at_batch_b_reproduce_one_process_at_2b(two_processes, case):
+def test_two_processes_at_b_match_one_process_at_2b(two_processes, case):
     """The loader's own generator; the global RNG with each process seeded differently (rank 0's shuffle wins);
     split_batches at the one-process batch; a sampler of the user's own whose generator is seeded differently on
     each process (rank 0's state is given to all, as Accelerate does). Same global order every step of 2 epochs,
@@ -394,28 +412,32 @@ def test_two_processes_at_batch_b_reproduce_one_process_at_2b(two_processes, cas
         assert params == pytest.approx(plain_params, abs=1e-12)
 
 
-def test_two_processes_deal_iterable_custom_and_key_loaders(two_processes):
+def test_two_processes_deal_every_loader_kind(two_processes):
+    """Two processes deal iterable, custom and key loaders."""
     zero, one = check(two_processes, "loaders")
     assert zero["stream"] == [[0, 1], [4, 5], [8, 9]] and one["stream"] == [[2, 3], [6, 7], [10, 0]]
     assert zero["custom"] == [[0], [3, 4, 5]] and one["custom"] == [[1, 2], [6, 7, 8, 9]]
     assert zero["uneven"] == [[0, 1], [4, 5], [8, 9]] and one["uneven"] == [[2, 3], [6, 7]]
 
 
-def test_two_processes_agree_on_the_seedable_sampler_without_asking(two_processes):
+def test_two_processes_agree_on_the_seedable_order(two_processes):
+    """Two processes agree on the seedable sampler's order without asking each other."""
     for result in check(two_processes, "loaders"):
         # Epoch e shuffles with data_seed + e on every process: together they draw that permutation, in order.
         assert result["seeded"] == [torch.randperm(8, generator=torch.Generator().manual_seed(seed)).tolist()
                                     for seed in (3, 4)]
 
 
-def test_gather_for_metrics_drops_the_repeats_of_streams_keys_and_objects(two_processes):
+def test_gather_for_metrics_drops_the_repeats(two_processes):
+    """gather_for_metrics drops the repeats of streams, keys and objects."""
     for result in check(two_processes, "loaders"):
         assert result["stream_metrics"] == list(range(11))
         assert result["by_key_metrics"] == [k for k in range(5) for _ in range(2)]  # each key: a batch of 2
         assert result["word_metrics"] == ["s0", "s1", "s2", "s3", "s4"]
 
 
-def test_two_processes_sync_at_the_end_of_the_loader_and_step_the_schedule_twice_per_step(two_processes):
+def test_two_processes_sync_at_the_loader_end(two_processes):
+    """Two processes sync at the end of the loader and step the schedule twice per optimizer step."""
     for result in check(two_processes, "accumulation"):
         assert result["syncs"] == [False, True, True]
         assert result["scheduler_steps"] == 4  # 2 optimizer steps x 2 processes
@@ -437,7 +459,8 @@ def test_two_process_collectives(two_processes):
     assert zero["main_only"] == 0 and one["main_only"] is None
 
 
-def test_join_uneven_inputs_lets_the_shorter_process_finish_first(two_processes):
+def test_join_uneven_inputs_lets_one_finish_first(two_processes):
+    """join_uneven_inputs lets the process with fewer batches finish first."""
     zero, one = check(two_processes, "joined")
     assert (zero["steps"], one["steps"]) == (3, 2) and zero["equal"] and one["equal"]
     assert zero["even_after"] and one["even_after"]  # the loader's own setting is back after the block
@@ -453,7 +476,8 @@ def test_two_process_no_sync_unwrap_pickle_and_skip(two_processes):
     assert zero["skipped"] == [[4, 5], [8, 9]] and one["skipped"] == [[6, 7], [10, 11]]
 
 
-def test_save_state_names_its_directories_keeps_total_limit_and_registered_objects(tmp_path):
+def test_save_state_names_prunes_and_keeps_objects(tmp_path):
+    """save_state names its directories, keeps total_limit of them, and saves the registered objects."""
     from runner import ProjectConfiguration
 
     class Counter:

@@ -74,13 +74,14 @@ def max_difference(a: nn.Module, b: nn.Module) -> float:
     return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
 
 
-def test_fp32_training_is_bitwise_identical_to_a_plain_loop():
+def test_fp32_matches_a_plain_loop_bitwise():
     reference, candidate = train_both("fp32")
     for (name, expected), actual in zip(reference.named_parameters(), candidate.parameters()):
         assert torch.equal(expected, actual), name
 
 
-def test_fp32_on_one_cpu_process_prepare_returns_the_objects_it_was_given():
+def test_fp32_one_cpu_prepare_returns_its_inputs():
+    """fp32 on one CPU process: prepare() returns the very objects it was given."""
     model, loader = make_model(), DataLoader(make_data(), batch_size=32)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     prepared = Accelerator("cpu").prepare(model, optimizer, loader)
@@ -88,7 +89,7 @@ def test_fp32_on_one_cpu_process_prepare_returns_the_objects_it_was_given():
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_mixed_precision_stays_within_tolerance_of_fp32(precision):
+def test_mixed_precision_stays_within_fp32_tolerance(precision):
     # SGD, so a rounding error moves a weight a little, not by a whole Adam step of lr.
     reference, candidate = train_both(precision, torch.optim.SGD)
     moved = max_difference(reference, make_model())
@@ -96,7 +97,7 @@ def test_mixed_precision_stays_within_tolerance_of_fp32(precision):
     assert 0 < max_difference(reference, candidate) < 0.1 * moved
 
 
-def test_accumulating_4_batches_of_8_matches_batches_of_32():
+def test_accumulating_4x8_matches_batches_of_32():
     reference, candidate = make_model(), make_model()
     ref_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
     ref_scheduler = torch.optim.lr_scheduler.StepLR(ref_optimizer, step_size=1, gamma=0.5)
@@ -120,7 +121,8 @@ def test_accumulating_4_batches_of_8_matches_batches_of_32():
     assert scheduler.get_last_lr() == pytest.approx([0.1 * 0.5**STEPS])
 
 
-def test_backward_divides_the_loss_over_the_cycle_and_holds_the_step():
+def test_backward_divides_loss_and_holds_the_step():
+    """backward() divides the loss over the accumulation cycle, and the step is held until the cycle ends."""
     accelerator = Accelerator("cpu", gradient_accumulation_steps=2)
     model = make_model()
     optimizer = accelerator.prepare(torch.optim.SGD(model.parameters(), lr=0.1))
@@ -170,7 +172,8 @@ def test_clip_grad_norm_matches_torch(precision):
             assert torch.allclose(param, weight - 0.1 * grad, atol=1e-7)
 
 
-def test_fp16_skips_the_step_with_an_inf_gradient_and_lowers_the_scale():
+def test_fp16_skips_inf_steps_and_lowers_the_scale():
+    """fp16 skips the step with an inf gradient and lowers the scale."""
     accelerator = Accelerator("cpu", "fp16")
     model = make_model()
     raw_optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -266,7 +269,7 @@ def test_set_seed_device_specific_offsets_by_rank():
     assert torch.equal(first, torch.rand(3))
 
 
-def test_collectives_and_accumulation_in_two_gloo_processes(tmp_path):
+def test_two_gloo_processes_collect_and_accumulate(tmp_path):
     from dist_workers import all_checks, launch
 
     results = launch(all_checks, str(tmp_path))
@@ -380,7 +383,7 @@ def run_loop(batch_size: int, grad_accum_steps: int, steps: int = 3):
     return [metrics["train/loss"] for _, metrics in logger.rows if "train/loss" in metrics], model
 
 
-def test_the_loop_accumulating_4x8_matches_batches_of_32():
+def test_loop_accumulating_4x8_matches_batches_of_32():
     losses, model = run_loop(batch_size=32, grad_accum_steps=1)
     accumulated_losses, accumulated_model = run_loop(batch_size=8, grad_accum_steps=4)
     assert len(losses) == 3
@@ -390,7 +393,7 @@ def test_the_loop_accumulating_4x8_matches_batches_of_32():
     assert 0 < moved and max_difference(model, accumulated_model) <= reordered_sum_bound(32, moved)
 
 
-def test_the_loop_under_fp16_clips_and_logs_the_grad_norm(cli):
+def test_fp16_loop_clips_and_logs_the_grad_norm(cli):
     from conftest import TINY, read_scalars
 
     result = cli(*TINY, "precision=fp16", "trainer.max_grad_norm=0.5", "trainer.max_steps=3", "trainer.log_every_steps=1")
@@ -404,7 +407,8 @@ def test_the_loop_under_fp16_clips_and_logs_the_grad_norm(cli):
     assert "precision=fp16 on a CPU runs slower than fp32" in log
 
 
-def test_fp8_emulation_trains_and_reports_the_converted_modules(cli):
+def test_fp8_emulation_trains_and_counts_modules(cli):
+    """fp8 emulation trains and reports the converted modules."""
     from conftest import TINY
 
     result = cli(*TINY, "precision=fp8", "precision.fp8_emulation=true", "trainer.max_steps=2")
@@ -414,7 +418,8 @@ def test_fp8_emulation_trains_and_reports_the_converted_modules(cli):
     assert 0 < _final_val_loss(result) < 5
 
 
-def test_two_gloo_processes_with_accumulation_match_one_process_with_the_whole_batch(cli, tmp_path):
+def test_two_processes_accumulating_match_one(cli, tmp_path):
+    """Two gloo processes with accumulation match one process with the whole batch."""
     from conftest import TINY
 
     # A schedule that moves every step: 2 processes must step it once per optimizer step, as one process does (the
@@ -432,7 +437,8 @@ def test_two_gloo_processes_with_accumulation_match_one_process_with_the_whole_b
     assert abs(_final_val_loss(two) - single) <= reordered_sum_bound(128 * 12, single), (_final_val_loss(two), single)
 
 
-def test_batches_of_namedtuples_and_dataclasses_move_every_tensor_and_keep_their_type():
+def test_tree_map_keeps_namedtuples_and_dataclasses():
+    """Batches of namedtuples and dataclasses move every tensor and keep their type."""
     import dataclasses
     from collections import namedtuple
 

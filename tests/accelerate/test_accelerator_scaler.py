@@ -15,7 +15,8 @@ def _step(accelerator, model, optimizer, value: float) -> None:
     optimizer.step()
 
 
-def test_fp16_steps_report_skips_without_reading_the_scale_each_step(monkeypatch):
+def test_fp16_reports_skips_without_reading_the_scale(monkeypatch):
+    """fp16 steps report skips without reading the scale back each step."""
     accelerator = Accelerator("cpu", "fp16")
     model = accelerator.prepare(nn.Linear(2, 1))
     optimizer = accelerator.prepare(torch.optim.SGD(model.parameters(), lr=0.1))
@@ -39,7 +40,8 @@ def test_fp16_steps_report_skips_without_reading_the_scale_each_step(monkeypatch
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_other_precisions_hand_back_the_optimizer_itself(precision):
+def test_other_precisions_return_the_optimizer(precision):
+    """Other precisions hand back the optimizer itself, unwrapped."""
     accelerator = Accelerator("cpu", precision)
     optimizer = torch.optim.SGD(nn.Linear(2, 1).parameters(), lr=0.1)
     assert accelerator.prepare(optimizer) is optimizer

@@ -41,7 +41,8 @@ def real_bytes(optimizer_class, **options) -> dict:
     (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}),  # a momentum buffer
     (torch.optim.SGD, {"lr": 0.1}),  # no state at all
 ])
-def test_one_process_figures_are_the_bytes_the_real_tensors_hold(optimizer_class, options):
+def test_one_process_figures_match_real_tensors(optimizer_class, options):
+    """On one process the figures are the bytes the real tensors hold."""
     plan, real = plan_of(optimizer_class, **options), real_bytes(optimizer_class, **options)
     every_name = sum(p.numel() for _, p in tiny_gpt().named_parameters(remove_duplicate=False))
     assert plan.parameters == real["parameters"] == every_name - 17 * 32  # the tied head and embedding once
@@ -50,7 +51,8 @@ def test_one_process_figures_are_the_bytes_the_real_tensors_hold(optimizer_class
     assert plan.bucket_bytes == plan.gathered_bytes == 0
 
 
-def test_ddp_adds_its_gradient_buckets_and_fsdp_holds_a_share_plus_what_it_gathers():
+def test_ddp_adds_buckets_and_fsdp_holds_a_share():
+    """DDP adds its gradient buckets; FSDP holds a share plus what it gathers."""
     one = plan_of(torch.optim.AdamW, lr=1e-3)
     ddp = plan_of(torch.optim.AdamW, ParallelConfig(), 2, lr=1e-3)
     assert ddp.total_bytes == one.total_bytes + one.gradient_bytes  # the buckets: a copy of the gradients
@@ -66,7 +68,8 @@ def test_ddp_adds_its_gradient_buckets_and_fsdp_holds_a_share_plus_what_it_gathe
     assert plan_of(torch.optim.AdamW, fsdp, 4, PrecisionKind.bf16, lr=1e-3).gathered_bytes == (own + 2 * block) * 2
 
 
-def test_runner_plan_prints_the_figures_without_building_data(capsys, monkeypatch):
+def test_runner_plan_prints_without_building_data(capsys, monkeypatch):
+    """runner plan prints the figures without building the data."""
     spec = load(["hardware=multi_cpu", "hardware.num_processes=2", "parallel=fsdp", "precision=bf16",
                  "trainer.batch_size=32", "trainer.micro_batch_size=8", "trainer.max_steps=50",
                  "data.num_train=999999999"])  # a dataset that would take minutes to generate: never built
@@ -105,7 +108,8 @@ def test_human_sizes():
                                                                           "5120.0 GiB"]
 
 
-def test_runner_plan_reads_a_tables_schema_for_sizes_the_data_fills(tmp_path, monkeypatch):
+def test_runner_plan_reads_a_tables_schema(tmp_path, monkeypatch):
+    """runner plan reads a table's schema for the sizes the data fills."""
     (tmp_path / "t.csv").write_text("a,b,c,label\n" + "".join(f"{i},{i % 4},{i % 5},{['x', 'y'][i % 2]}\n"
                                                            for i in range(20)))
     monkeypatch.chdir(tmp_path)

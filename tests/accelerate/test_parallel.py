@@ -36,7 +36,8 @@ def fsdp(tmp_path_factory):
     return launch(fsdp_workers.fsdp_checks, str(tmp_dir)), tmp_dir
 
 
-def test_fsdp_trains_what_one_process_trains_on_the_global_batch_and_so_does_ddp(fsdp):
+def test_fsdp_and_ddp_train_as_one_process(fsdp):
+    """FSDP trains what one process trains on the global batch, and so does DDP."""
     results, _ = fsdp
     main = results[0]
     assert main["fsdp"]["parameter_type"] == "DTensor" and main["ddp"]["parameter_type"] == "Parameter"
@@ -48,7 +49,8 @@ def test_fsdp_trains_what_one_process_trains_on_the_global_batch_and_so_does_ddp
     assert results[1]["fsdp"]["diff"] is None  # the whole weights are gathered onto rank 0 only
 
 
-def test_fsdp_options_named_blocks_and_no_reshard_after_forward_train_the_same(fsdp):
+def test_fsdp_options_train_the_same(fsdp):
+    """FSDP with named blocks and no reshard after forward trains the same."""
     main = fsdp[0][0]
     options = main["fsdp_options"]
     assert options["units"] == ["FSDPBlock", "FSDPBlock", "FSDPGPT"]  # each Block, then the model itself
@@ -56,14 +58,15 @@ def test_fsdp_options_named_blocks_and_no_reshard_after_forward_train_the_same(f
     assert options["diff"] <= bound, (options["diff"], bound)
 
 
-def test_an_optimizer_prepared_after_its_model_follows_the_shards_and_a_stepped_one_is_refused(fsdp):
+def test_late_optimizer_follows_the_shards(fsdp):
+    """An optimizer prepared after its model follows the shards; one that already stepped is refused."""
     following = fsdp[0][0]["following"]
     assert following["follows"] is True and following["untouched"] is True
     assert following["refused"] == ("Accelerator.prepare(): this optimizer already stepped on the unsharded "
                                     "parameters; under FSDP prepare it (with the model) before training")
 
 
-def test_fsdp_clipping_and_accumulation_agree_with_one_process(fsdp):
+def test_fsdp_clip_and_accumulate_match_one_process(fsdp):
     main = fsdp[0][0]
     clipped = main["fsdp_clip_accumulate"]
     assert clipped["norms"] == fsdp_workers.STEPS  # clipped once per optimizer step, not per micro-batch
@@ -77,7 +80,8 @@ def test_fsdp_clipping_and_accumulation_agree_with_one_process(fsdp):
     assert clipped["diff"] <= weight_bound, (clipped["diff"], weight_bound)
 
 
-def test_evaluation_with_fewer_rows_than_processes_or_uneven_shards_gives_one_process_metrics(fsdp):
+def test_fsdp_evaluation_gives_one_process_metrics(fsdp):
+    """Evaluation with fewer rows than processes, or uneven shards, gives one process's metrics."""
     from runner.training.loop import evaluate
     from runner.training.tasks import LanguageModeling
 
@@ -92,14 +96,16 @@ def test_evaluation_with_fewer_rows_than_processes_or_uneven_shards_gives_one_pr
                            for name in alone), (rows, kind, metrics, alone)
 
 
-def test_bf16_under_fsdp_computes_in_bf16_and_keeps_fp32_shards_and_gradients(fsdp):
+def test_fsdp_bf16_keeps_fp32_shards_and_grads(fsdp):
+    """bf16 under FSDP computes in bf16 and keeps fp32 shards and gradients."""
     policy = fsdp[0][0]["bf16"]
     assert policy["compute"] == "torch.bfloat16" and policy["shards"] == "torch.float32"
     assert policy["grads"] == ["torch.float32"]
     assert policy["diff"] < 0.1 * policy["moved"]  # within 10% of how far training moved the weights
 
 
-def test_sharded_save_state_continues_bitwise_and_loads_on_another_process_count(fsdp):
+def test_sharded_save_state_resumes_on_any_count(fsdp):
+    """Sharded save_state continues bitwise and loads on another process count."""
     results, tmp_dir = fsdp
     assert results[0]["continued_bitwise"] is True
     assert results[0]["one_to_two"] == 0.0  # saved by one process, loaded by two: the same weights
@@ -113,7 +119,8 @@ def test_sharded_save_state_continues_bitwise_and_loads_on_another_process_count
     assert fsdp_workers.max_difference(model.state_dict(), expected) == 0.0
 
 
-def test_save_model_under_fsdp_writes_the_whole_trained_model_in_shards_from_pretrained_reads(fsdp):
+def test_fsdp_save_model_writes_the_whole_model(fsdp):
+    """save_model under FSDP writes the whole trained model in shards that from_pretrained reads."""
     from huggingface_hub import load_torch_model
 
     results, tmp_dir = fsdp
@@ -127,7 +134,8 @@ def test_save_model_under_fsdp_writes_the_whole_trained_model_in_shards_from_pre
     assert fsdp_workers.max_difference(model.state_dict(), expected) <= bound
 
 
-def test_checkpointed_and_compiled_blocks_train_like_plain_ones_and_keep_their_names(fsdp):
+def test_checkpointed_compiled_blocks_train_as_plain(fsdp):
+    """Checkpointed and compiled blocks train like plain ones and keep their names."""
     blocks = fsdp[0][0]["blocks"]
     assert blocks["checkpointed"] == blocks["plain"]  # recomputing activations changes no number
     assert blocks["compiled"] == pytest.approx(blocks["plain"], rel=1e-5)
@@ -136,7 +144,8 @@ def test_checkpointed_and_compiled_blocks_train_like_plain_ones_and_keep_their_n
     assert not any("_orig_mod" in name for name in blocks["compiled_names"])
 
 
-def test_plan_figures_are_what_each_fsdp_process_really_holds(fsdp):
+def test_plan_figures_match_each_fsdp_process(fsdp):
+    """The plan's figures are what each FSDP process really holds."""
     real = fsdp[0][0]["memory"]
     assert real["whole_parameter_freed"] is True  # else every process keeps the unsharded model too
     with torch.device("meta"):
@@ -153,7 +162,8 @@ def test_plan_figures_are_what_each_fsdp_process_really_holds(fsdp):
 # -- blocks, in one process ----------------------------------------------------------------------------------
 
 
-def test_blocks_are_each_element_of_a_module_list_or_the_named_classes():
+def test_find_blocks_takes_module_lists_or_names():
+    """The blocks are each element of a module list, or the named classes."""
     gpt = GPT(vocab_size=16, block_size=8, n_layer=3, n_head=2, n_embd=16)
     assert [name for _, name, _ in find_blocks(gpt, None, "k")] == ["0", "1", "2"]
     encoder = SeqTransformer(vocab_size=10, max_len=12)
@@ -181,7 +191,8 @@ def _allocated_mib() -> float:
     return (info.uordblks + info.hblkhd) / 2**20
 
 
-def test_activation_checkpointing_gives_the_same_gradients_with_less_memory():
+def test_activation_checkpointing_saves_memory():
+    """Activation checkpointing gives the same gradients with less memory."""
     plain = GPT(16, 8, n_layer=2, n_head=2, n_embd=32, dropout=0.0)
     checkpointed = GPT(16, 8, n_layer=2, n_head=2, n_embd=32, dropout=0.0)
     checkpointed.load_state_dict(plain.state_dict())
@@ -220,7 +231,8 @@ def _activation_memory(checkpointing: bool) -> tuple[float, float]:
     return held, peak[0] - before
 
 
-def test_compile_gives_the_eager_loss_and_keeps_the_module_and_its_names():
+def test_compile_gives_the_eager_loss_and_names():
+    """torch.compile gives the eager loss and keeps the module and its names."""
     eager = GPT(16, 8, n_layer=2, n_head=2, n_embd=32)
     compiled = GPT(16, 8, n_layer=2, n_head=2, n_embd=32)
     compiled.load_state_dict(eager.state_dict())
@@ -234,7 +246,8 @@ def test_compile_gives_the_eager_loss_and_keeps_the_module_and_its_names():
     assert compiled._compiled_call_impl is not None
 
 
-def test_inductor_compiles_the_model_in_place_to_the_eager_loss_and_gradients():
+def test_inductor_compiles_in_place_to_eager_results():
+    """Inductor compiles the model in place to the eager loss and gradients."""
     from runner.accelerate.parallel import cxx_compiler
 
     if cxx_compiler() is None:
@@ -257,7 +270,7 @@ def test_inductor_compiles_the_model_in_place_to_the_eager_loss_and_gradients():
     assert list(compiled.state_dict()) == list(eager.state_dict())  # no `_orig_mod.` in what checkpoints save
 
 
-def test_compiling_a_torch_nn_model_in_place_captures_it():
+def test_compile_in_place_captures_a_torch_nn_model():
     calls = []
 
     def counting_backend(graph, inputs):
@@ -273,7 +286,8 @@ def test_compiling_a_torch_nn_model_in_place_captures_it():
 # -- what the checks refuse ------------------------------------------------------------------------------------
 
 
-def test_fsdp_refuses_fp16_cpu_offload_on_a_cpu_and_a_missing_cxx_compiler(monkeypatch):
+def test_fsdp_fp16_offload_and_no_cxx_are_refused(monkeypatch):
+    """FSDP refuses fp16 and cpu_offload on a CPU; compile refuses a missing C++ compiler."""
     spec = load(["parallel=fsdp", "hardware=multi_cpu", "precision=bf16"])
     assert spec.config.parallel.kind.value == "fsdp"  # bf16 with fsdp is fine
     with pytest.raises(ConfigError) as refused:

@@ -14,13 +14,14 @@ from runner.accelerate.precision import Precision, fp8_eligible, precision_probl
 
 
 @pytest.mark.parametrize("kind, dtype", [("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)])
-def test_autocast_runs_linear_layers_in_the_precision_dtype(kind, dtype):
+def test_autocast_runs_linear_in_the_precision_dtype(kind, dtype):
     layer = nn.Linear(4, 4)
     with Precision(kind, "cpu").autocast():
         assert layer(torch.ones(2, 4)).dtype is dtype
 
 
-def test_only_fp16_gets_a_gradient_scaler_and_it_is_enabled_on_cpu():
+def test_only_fp16_gets_a_gradient_scaler():
+    """Only fp16 gets a gradient scaler, and it is enabled on CPU."""
     assert Precision("fp32", "cpu").make_scaler() is None
     assert Precision("bf16", "cpu").make_scaler() is None
     scaler = Precision("fp16", "cpu").make_scaler()
@@ -32,7 +33,8 @@ def test_describe_is_the_startup_line():
     assert Precision("fp16", "cpu").describe() == "precision fp16 | autocast float16 | grad scaler on"
 
 
-def test_fp8_converts_only_linear_layers_with_dimensions_divisible_by_16():
+def test_fp8_converts_only_16_divisible_linears():
+    """fp8 converts only Linear layers with dimensions divisible by 16."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 48), nn.ReLU(), nn.Linear(48, 10))
     weight = model[0].weight
@@ -66,7 +68,8 @@ def test_fp32_bf16_and_fp16_leave_the_model_alone():
         assert type(Precision(kind, "cpu").convert(model)) is nn.Linear
 
 
-def test_fp8_without_cuda_and_without_emulation_is_a_problem_naming_the_flag():
+def test_fp8_on_cpu_without_emulation_names_the_flag():
+    """fp8 without CUDA and without emulation is a problem naming the flag."""
     (problem,) = precision_problems(PrecisionKind.fp8, fp8_emulation=False, device_type="cpu")
     assert problem.key == "precision.fp8_emulation"
     assert "compute capability >= 8.9" in problem.message and "precision.fp8_emulation=true" in problem.message
@@ -86,7 +89,7 @@ def test_fp8_on_cuda_needs_compute_capability_8_9(monkeypatch, capability, ok):
         assert "Stand-in GPU has 8.0" in problem.message
 
 
-def test_fp8_without_torchao_names_the_extra_to_install(monkeypatch):
+def test_fp8_without_torchao_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "torchao.float8", None)  # import now raises ImportError
     problems = precision_problems(PrecisionKind.fp8, fp8_emulation=True, device_type="cpu")
     assert [problem.key for problem in problems] == ["precision"]
@@ -98,7 +101,7 @@ def test_fp16_on_tpu_is_a_problem():
     assert "use precision=bf16" in problem.message
 
 
-def test_a_cpu_that_cannot_run_fp16_autocast_is_a_problem(monkeypatch):
+def test_cpu_without_fp16_autocast_is_a_problem(monkeypatch):
     monkeypatch.setattr(precision_module, "cpu_autocast_runs", lambda dtype: dtype is not torch.float16)
     (problem,) = precision_problems(PrecisionKind.fp16, fp8_emulation=False, device_type="cpu")
     assert "fp16 autocast does not run on this CPU" in problem.message
@@ -115,7 +118,7 @@ def test_bf16_warns_only_on_a_cpu_without_native_bf16(monkeypatch):
     assert Precision("bf16", "cpu").speed_warning() is None
 
 
-def test_fp8_on_a_cpu_prints_its_refusal_and_nothing_of_torchao(tmp_path):
+def test_fp8_on_cpu_prints_only_its_refusal(tmp_path):
     """The refusal comes before torchao is imported: importing it prints its own lines (kernels it cannot load here,
     no Triton) that would stand before the one line the user needs."""
     from conftest import run_cli

@@ -30,7 +30,7 @@ from runner.models import MLP
 
 from checkpoint_helpers import RESOLVED, NotPlainData, checkpointer_in, save_step, trained_objects
 
-def test_a_checkpoint_has_a_manifest_that_matches_its_files(tmp_path):
+def test_checkpoint_manifest_matches_its_files(tmp_path):
     model, optimizer = trained_objects()
     path = save_step(checkpointer_in(tmp_path), model, optimizer, step=7, accuracy=0.5)
     assert path == tmp_path / "checkpoints" / "step_00000007" and read_pointer(tmp_path / "checkpoints") == path.name
@@ -71,7 +71,8 @@ def test_restore_brings_back_weights_optimizer_and_rng(tmp_path):
     assert state["loop"] == {"step": 3}
 
 
-def test_numpy_and_python_rng_round_trip_through_weights_only_load(tmp_path):
+def test_numpy_and_python_rng_round_trip(tmp_path):
+    """NumPy and Python RNG states round-trip through a weights_only load."""
     np.random.seed(3)
     np.random.randn()  # leaves a cached gaussian: has_gauss=1
     torch.save(capture_rng(), tmp_path / "rng.pt")
@@ -80,7 +81,8 @@ def test_numpy_and_python_rng_round_trip_through_weights_only_load(tmp_path):
     assert (np.random.randn(), np.random.rand(), random.random()) == expected
 
 
-def test_disk_full_while_saving_keeps_the_previous_checkpoint_and_removes_partial_files(tmp_path, monkeypatch):
+def test_disk_full_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    """A full disk while saving keeps the previous checkpoint and removes the partial files."""
     model, optimizer = trained_objects()
     checkpointer = checkpointer_in(tmp_path)
     previous = save_step(checkpointer, model, optimizer, step=1)
@@ -107,9 +109,9 @@ def test_disk_full_while_saving_keeps_the_previous_checkpoint_and_removes_partia
      "could not write {final} while writing checkpoint step 2: Error while serializing: I/O error: Input/output "
      "error (os error 5)"),
 ])
-def test_a_safetensors_error_while_writing_the_weights_is_the_write_error_and_leaves_no_partial_folder(
-        tmp_path, monkeypatch, message, expected):
-    """safetensors raises its own SafetensorError (neither OSError nor RuntimeError) when the disk fills up."""
+def test_safetensors_error_is_a_clean_write_error(tmp_path, monkeypatch, message, expected):
+    """safetensors raises its own SafetensorError (neither OSError nor RuntimeError) when the disk fills up: it
+    becomes the WriteError, and no partial folder is left."""
     from safetensors import SafetensorError
 
     model, optimizer = trained_objects()
@@ -132,7 +134,8 @@ def test_a_safetensors_error_while_writing_the_weights_is_the_write_error_and_le
 
 
 @pytest.mark.parametrize("crash_in", ["write_pointer", "fsync_path", "_replace_dir"])
-def test_a_crash_at_any_stage_leaves_a_loadable_checkpoint(tmp_path, monkeypatch, crash_in):
+def test_any_crash_leaves_a_loadable_checkpoint(tmp_path, monkeypatch, crash_in):
+    """A crash at any stage of the save leaves a loadable checkpoint."""
     model, optimizer = trained_objects()
     checkpointer = checkpointer_in(tmp_path)
     save_step(checkpointer, model, optimizer, step=1)
@@ -149,7 +152,8 @@ def test_a_crash_at_any_stage_leaves_a_loadable_checkpoint(tmp_path, monkeypatch
     assert read_pointer(tmp_path / "checkpoints") == "step_00000001"
 
 
-def test_resume_auto_falls_back_past_a_damaged_newest_checkpoint(tmp_path, caplog):
+def test_resume_auto_falls_back_past_damage(tmp_path, caplog):
+    """resume=auto falls back past a damaged newest checkpoint."""
     model, optimizer = trained_objects()
     checkpointer = checkpointer_in(tmp_path)
     for step in (1, 2, 3):
@@ -182,7 +186,8 @@ def test_resume_arguments_and_the_fresh_run_guard(tmp_path, caplog):
         find_resume(None, tmp_path)
 
 
-def test_a_different_world_size_or_model_is_refused_with_the_mismatch_named(tmp_path):
+def test_world_size_or_model_mismatch_is_named(tmp_path):
+    """A different world size or model is refused with the mismatch named."""
     model, optimizer = trained_objects()
     path = save_step(checkpointer_in(tmp_path), model, optimizer, step=1)
     with pytest.raises(CheckpointError, match=r"written by a run with 1 process\(es\) and this run has 2.*"
@@ -253,7 +258,8 @@ print(config["model"]["_target_"], sorted(weights), tuple(weights["0.weight"].sh
     assert torch.equal(rebuilt(x), model(x))
 
 
-def test_large_files_are_hashed_in_blocks_and_any_altered_block_is_found(tmp_path, monkeypatch):
+def test_block_hashes_find_any_altered_block(tmp_path, monkeypatch):
+    """Large files are hashed in blocks, and any altered block is found."""
     monkeypatch.setattr(files, "BLOCK", 1024)
     model, optimizer = trained_objects()
     path = save_step(checkpointer_in(tmp_path), model, optimizer, step=1)
@@ -308,7 +314,8 @@ def test_bad_checkpoint_settings_are_reported_together():
     ]
 
 
-def test_sealing_runs_in_the_background_and_the_checkpoint_appears_only_when_sealed(tmp_path, monkeypatch):
+def test_checkpoint_appears_only_once_sealed(tmp_path, monkeypatch):
+    """Sealing runs in the background, and the checkpoint appears only when sealed."""
     import threading
 
     release = threading.Event()
@@ -329,7 +336,7 @@ def test_sealing_runs_in_the_background_and_the_checkpoint_appears_only_when_sea
     assert damage(path) is None and read_pointer(tmp_path / "checkpoints") == path.name
 
 
-def test_a_resealed_checkpoint_holding_pickled_objects_is_refused_with_a_message(tmp_path):
+def test_resealed_pickled_objects_are_refused(tmp_path):
     """Someone rewrote state.pt and recomputed the manifest's hashes: verification passes, loading must not run
     (or even build) the pickled object, and says so without a traceback."""
     model, optimizer = trained_objects()
@@ -347,7 +354,8 @@ def test_a_resealed_checkpoint_holding_pickled_objects_is_refused_with_a_message
         restore(path, trained_objects()[0], world_size=1)
 
 
-def test_the_sharded_layout_keeps_the_same_retention_verification_exports_and_exact_restore(tmp_path):
+def test_sharded_layout_keeps_every_guarantee(tmp_path):
+    """The sharded layout keeps the same retention, verification, exports and exact restore."""
     # parallel=fsdp's layout from one process (DCP without a process group): what changes is only who writes what.
     model, optimizer = trained_objects()
     checkpointer = Checkpointer(tmp_path, CheckpointConfig(keep_last=2, keep_best=1), writer=True,

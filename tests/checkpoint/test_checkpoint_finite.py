@@ -52,8 +52,8 @@ def _save(checkpointer, model, optimizer, step):
 
 @pytest.mark.parametrize("layout", [Layout.safetensors, Layout.dcp])
 @pytest.mark.parametrize("poison", ["weight", "optimizer state"])
-def test_nan_in_the_weights_or_optimizer_state_is_not_sealed_and_names_the_last_good_checkpoint(
-        tmp_path, layout, poison):
+def test_nan_state_is_not_sealed_and_names_last_good(tmp_path, layout, poison):
+    """NaN in the weights or optimizer state is not sealed, and the error names the last good checkpoint."""
     model, optimizer = _objects()
     checkpointer = _checkpointer(tmp_path, layout)
     first = _save(checkpointer, model, optimizer, step=1)  # the -inf mask buffer does not stop a save
@@ -76,7 +76,8 @@ def test_nan_in_the_weights_or_optimizer_state_is_not_sealed_and_names_the_last_
     assert find_resume("auto", tmp_path) == first
 
 
-def test_with_no_checkpoint_before_it_the_message_says_resume_auto_starts_from_scratch(tmp_path):
+def test_nonfinite_first_save_says_from_scratch(tmp_path):
+    """With no checkpoint before it, the message says resume=auto starts from scratch."""
     model, optimizer = _objects()
     with torch.no_grad():
         model[0].weight[0, 0] = float("inf")
@@ -86,7 +87,8 @@ def test_with_no_checkpoint_before_it_the_message_says_resume_auto_starts_from_s
     assert not (tmp_path / "checkpoints").exists() or not any((tmp_path / "checkpoints").iterdir())
 
 
-def test_the_check_sees_nan_and_inf_of_every_float_dtype_and_no_large_finite_value():
+def test_finite_check_covers_every_float_dtype():
+    """The check sees NaN and inf of every float dtype, and no large finite value."""
     big = [torch.full((1000,), 300.0, dtype=torch.float16), torch.full((10,), 1e30), torch.full((3,), 3e38), torch.ones(3, dtype=torch.bfloat16)]
     assert tensors_are_finite(big)  # their norms overflow float16, and float32 for 1e30: checked exactly then
     for bad in (float("nan"), float("inf"), float("-inf")):
@@ -94,7 +96,8 @@ def test_the_check_sees_nan_and_inf_of_every_float_dtype_and_no_large_finite_val
             assert not tensors_are_finite([*big, torch.tensor([1.0, bad], dtype=dtype)]), (bad, dtype)
 
 
-def test_resume_auto_passes_over_a_checkpoint_marked_non_finite_with_a_line_naming_it(tmp_path, caplog):
+def test_resume_auto_passes_over_non_finite_ones(tmp_path, caplog):
+    """resume=auto passes over a checkpoint marked non-finite, with a line naming it."""
     model, optimizer = _objects()
     checkpointer = _checkpointer(tmp_path)
     first = _save(checkpointer, model, optimizer, step=1)
@@ -145,8 +148,8 @@ def _loop(run_dir, task, max_epochs=2):
     return loop
 
 
-def test_a_nan_gradient_with_a_finite_loss_leaves_no_sealed_checkpoint_and_resume_auto_takes_the_one_before(
-        tmp_path):
+def test_nan_gradient_leaves_no_sealed_checkpoint(tmp_path):
+    """A NaN gradient with a finite loss leaves no sealed checkpoint; resume=auto takes the one before."""
     task = NanGradientAt(at=6)  # 4 steps an epoch; checkpoints every 2 steps
     loop = _loop(tmp_path, task)
     with pytest.raises(NonFiniteLoss, match=r"after optimizer step 6 .* so step_00000006 was not saved; resume=auto "
@@ -190,7 +193,8 @@ def _two_ranks_one_poisoned(run_dir: str) -> dict:
         destroy_process_group()
 
 
-def test_two_processes_refuse_together_when_one_rank_holds_a_non_finite_tensor(tmp_path):
+def test_ranks_refuse_together_if_one_is_non_finite(tmp_path):
+    """Two processes refuse together when one rank holds a non-finite tensor."""
     from dist_workers import launch
 
     results = launch(_two_ranks_one_poisoned, str(tmp_path))

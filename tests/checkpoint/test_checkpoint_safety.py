@@ -60,7 +60,8 @@ def _plant_in_metadata(checkpoint, payload):
     reseal(checkpoint)
 
 
-def test_a_resealed_metadata_that_runs_code_is_refused_on_resume_auto_and_named_and_nothing_runs(tmp_path):
+def test_resealed_code_in_metadata_is_refused(tmp_path):
+    """Resealed metadata that runs code is refused on resume=auto, and named, and nothing runs."""
     checkpoints = _sharded_run(tmp_path / "run")
     marker = tmp_path / "ran"
     _plant_in_metadata(checkpoints / "step_00000002", TouchesAFile(marker))
@@ -88,7 +89,8 @@ def test_a_resealed_metadata_that_runs_code_is_refused_on_resume_auto_and_named_
 
 
 @pytest.mark.parametrize("payload", ["os.system", "builtins.eval", "not a pickle"])
-def test_any_global_outside_dcp_metadata_and_a_garbled_file_are_refused(tmp_path, payload):
+def test_foreign_globals_and_garbage_are_refused(tmp_path, payload):
+    """Any global outside DCP metadata, and a garbled file, are refused."""
     checkpoint = _sharded_run(tmp_path / "run", steps=(1,)) / "step_00000001"
     if payload == "not a pickle":
         (checkpoint / ".metadata").write_bytes(b"garbage")
@@ -103,7 +105,7 @@ def test_any_global_outside_dcp_metadata_and_a_garbled_file_are_refused(tmp_path
         find_resume("auto", tmp_path / "run")
 
 
-def test_a_non_tensor_value_in_the_shards_is_read_weights_only(tmp_path):
+def test_non_tensor_shard_values_load_weights_only(tmp_path):
     """DCP keeps non-tensor values (the optimizer's hyperparameters) as pickles inside the shards, which its default
     planner loads with weights_only=False."""
     import torch.distributed.checkpoint as dcp
@@ -119,7 +121,8 @@ def test_a_non_tensor_value_in_the_shards_is_read_weights_only(tmp_path):
     assert not marker.exists()
 
 
-def test_a_python_tag_in_a_checkpoints_config_yaml_is_one_message_and_runs_nothing(tmp_path):
+def test_python_tag_in_config_yaml_runs_nothing(tmp_path):
+    """A python tag in a checkpoint's config.yaml is one message and runs nothing."""
     checkpoints = _sharded_run(tmp_path / "run", steps=(1,))
     marker = tmp_path / "ran"
     config = checkpoints / "step_00000001" / "config.yaml"

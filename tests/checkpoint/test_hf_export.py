@@ -15,7 +15,8 @@ from tolerances import reordered_sum_bound
 TINY_GPT2 = ("model.config.n_layer=1", "model.config.n_head=2", "model.config.n_embd=32", "data.block_size=16")
 
 
-def test_gpt2_hf_run_exports_a_model_from_pretrained_loads_with_the_final_weights(cli, tmp_path):
+def test_gpt2_hf_export_loads_with_final_weights(cli, tmp_path):
+    """A gpt2_hf run exports a model that from_pretrained loads with the final weights."""
     transformers = pytest.importorskip("transformers")
     from runner.data import make_batches, text_files
     from runner.data.tokenizers import CharLevel

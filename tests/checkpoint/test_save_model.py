@@ -25,7 +25,8 @@ def same_weights(one, other) -> bool:
     return all(torch.equal(tensor, theirs[name]) for name, tensor in one.state_dict().items())
 
 
-def test_a_model_that_fits_is_one_model_safetensors_and_loads_back_tied_weights_and_all(tmp_path):
+def test_small_model_is_one_safetensors_file(tmp_path):
+    """A model that fits is one model.safetensors and loads back, tied weights and all."""
     accelerator = Accelerator("cpu")
     model = accelerator.prepare(tiny_gpt(0))
     accelerator.save_model(model, tmp_path / "out")
@@ -36,7 +37,8 @@ def test_a_model_that_fits_is_one_model_safetensors_and_loads_back_tied_weights_
     assert loaded.head.weight is loaded.token_embedding.weight  # still one matrix after loading
 
 
-def test_over_max_shard_size_it_is_shards_and_an_index_and_a_smaller_save_removes_them(tmp_path):
+def test_over_max_shard_size_it_is_sharded(tmp_path):
+    """Over max_shard_size it is shards and an index, and a smaller save removes them."""
     accelerator = Accelerator("cpu")
     model = tiny_gpt(0)
     out = tmp_path / "out"
@@ -61,7 +63,8 @@ def test_over_max_shard_size_it_is_shards_and_an_index_and_a_smaller_save_remove
     assert same_weights(loaded, tiny_gpt(2))
 
 
-def test_a_save_that_fails_half_way_leaves_the_earlier_one_whole(tmp_path, monkeypatch):
+def test_failed_save_leaves_the_earlier_one_whole(tmp_path, monkeypatch):
+    """A save that fails half way leaves the earlier one whole."""
     import safetensors.torch
 
     accelerator = Accelerator("cpu")
@@ -82,7 +85,7 @@ def test_a_save_that_fails_half_way_leaves_the_earlier_one_whole(tmp_path, monke
     assert {path.name: path.read_bytes() for path in out.iterdir()} == before  # no partial file, nothing replaced
 
 
-def test_bad_arguments_are_refused_before_anything_is_written(tmp_path):
+def test_bad_arguments_are_refused_before_writing(tmp_path):
     accelerator = Accelerator("cpu")
     with pytest.raises(ConfigError) as error:
         accelerator.save_model(MLP(4, 2), tmp_path / "out", max_shard_size="ten gigs")
@@ -94,7 +97,7 @@ def test_bad_arguments_are_refused_before_anything_is_written(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_get_state_dict_is_the_unwrapped_models_weights_on_the_cpu():
+def test_get_state_dict_is_unwrapped_cpu_weights():
     accelerator = Accelerator("cpu")
     model = MLP(4, 2, hidden=[3])
     weights = accelerator.get_state_dict(accelerator.prepare(model))

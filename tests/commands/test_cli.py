@@ -149,7 +149,7 @@ def test_multirun_gives_each_job_its_own_run_dir(run):
     assert all(read_scalars(d, "val/accuracy") for d in dirs)
 
 
-def test_main_returns_the_monitored_metric_for_sweepers(tmp_path):
+def test_main_returns_the_monitored_metric(tmp_path):
     """Sweepers (Optuna, ...) read the task function's return value: the final value of trainer.monitor."""
     from hydra import compose, initialize_config_dir
     from hydra.core.hydra_config import HydraConfig
@@ -207,7 +207,7 @@ def test_help_lists_every_command_before_the_config(capsys):
         assert callable(importlib.import_module(module).main)
 
 
-def test_the_gpt_model_has_one_output_row_per_id_the_tokenizer_learnt(run, tmp_path):
+def test_gpt_vocab_is_the_learnt_tokenizer_size(run, tmp_path):
     """model.vocab_size: null becomes the trained tokenizer's size, not its cap (256): the first loss is about ln V,
     and the checkpoint's and the export's config.yaml record V, which `runner sample` rebuilds the model from."""
     import math

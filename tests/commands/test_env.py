@@ -13,7 +13,8 @@ import torch.distributed as torch_dist
 from runner.commands import env
 
 
-def test_report_on_this_machine_names_versions_and_devices():
+def test_report_names_versions_and_devices():
+    """The report on the machine that runs the test."""
     report = env.report()
     assert report["version torch"] == torch.__version__.split("+")[0] or report["version torch"] == torch.__version__
     assert report["cpu capability"] == torch.backends.cpu.get_cpu_capability()
@@ -23,7 +24,7 @@ def test_report_on_this_machine_names_versions_and_devices():
     assert report["version torchao"] != "not installed"  # the test extra installs it
 
 
-def test_report_lists_each_gpu_with_bf16_and_fp8_support(monkeypatch):
+def test_report_lists_gpus_with_bf16_and_fp8_support(monkeypatch):
     gpus = [types.SimpleNamespace(name="Stand-in H100", total_memory=80 * 2**30, major=9, minor=0),
             types.SimpleNamespace(name="Stand-in A100", total_memory=40 * 2**30, major=8, minor=0)]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

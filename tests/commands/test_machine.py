@@ -16,7 +16,8 @@ def home(tmp_path, monkeypatch):
     return tmp_path / "config"
 
 
-def test_settings_from_flags_are_written_and_every_entry_point_reads_them(home, capsys):
+def test_flag_settings_are_read_by_every_entry_point(home, capsys):
+    """`machine set` writes the flags to local/machine.yaml; every entry point reads it; the command line wins."""
     machine.main(["set", "hardware=multi_cpu", "hardware.num_processes=4", "precision=bf16", "gpu_ids=[0,1]"])
     written = (home / "local" / "machine.yaml").read_text()
     assert "  - override /hardware: multi_cpu\n  - override /precision: bf16\n" in written
@@ -38,7 +39,8 @@ def test_interactive_answers_make_the_same_file(home):
     assert (hardware.num_machines, hardware.machine_rank, hardware.main_process_ip) == (2, 1, "10.0.0.1")
 
 
-def test_a_setting_this_machine_cannot_run_is_refused_and_nothing_written(home):
+def test_a_setting_this_machine_cannot_run_is_refused(home):
+    """Nothing is written to local/machine.yaml; a key that is not a machine setting is refused too."""
     with pytest.raises(ConfigError, match="hardware: gpu needs a CUDA GPU"):
         machine.write(machine.parse(["hardware=gpu"])) if not __import__("torch").cuda.is_available() else \
             pytest.skip("this machine has a GPU")

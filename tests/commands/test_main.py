@@ -34,7 +34,8 @@ CONSOLE_SCRIPT = Path(sys.executable).with_name("runner")  # `pip install` made 
     ([sys.executable, "-m", "runner"], signal.SIGUSR1),
     ([str(CONSOLE_SCRIPT)], signal.SIGTERM),
 ], ids=["python -m runner, SIGTERM", "python -m runner, SIGUSR1", "runner, SIGTERM"])
-def test_a_stop_signal_before_the_config_is_composed_exits_75_saying_nothing_was_trained(tmp_path, command, sig):
+def test_a_stop_signal_before_composing_exits_75(tmp_path, command, sig):
+    """Signalled before the config is composed, the runner says nothing was trained or saved."""
     if not Path(command[0]).exists():
         pytest.skip(f"no console script at {command[0]} (the package is not installed in this environment)")
     proc = subprocess.Popen([*command, *TINY], cwd=tmp_path,

@@ -16,7 +16,8 @@ def project(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_list_names_every_recipe_with_its_line_and_where_it_is(project, capsys):
+def test_list_names_every_recipe_and_where_it_is(project, capsys):
+    """Each recipe with its description line and where it is (a folder, or built-in)."""
     (project / "recipes" / "mine.yaml").write_text("# @package _global_\n# Mine, to try things.\n")
     recipes.main(["list"])
     out = capsys.readouterr().out
@@ -26,7 +27,7 @@ def test_list_names_every_recipe_with_its_line_and_where_it_is(project, capsys):
     assert "none of your own yet" not in out
 
 
-def test_list_with_no_recipes_of_yours_says_where_they_go(tmp_path, monkeypatch, capsys):
+def test_list_without_own_recipes_says_where_they_go(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("RUNNER_RECIPE_PATH", raising=False)
     recipes.main(["list"])
@@ -41,7 +42,8 @@ def test_show_prints_the_whole_composed_config(project, capsys):
     assert "  _target_: runner.models.MLP\n" in out and "  lr: 0.01\n" in out and "hidden:\n  - 512\n" in out
 
 
-def test_show_of_a_recipe_with_values_still_to_set_prints_it_and_names_them(project, capsys):
+def test_show_names_the_values_still_to_set(project, capsys):
+    """`recipes show` of a recipe with ??? values prints it and names them; once set, none is named."""
     recipes.main(["copy", "tabular_csv", "mine"])  # data.train is ??? until the user sets it
     capsys.readouterr()
     recipes.main(["show", "mine"])
@@ -53,7 +55,8 @@ def test_show_of_a_recipe_with_values_still_to_set_prints_it_and_names_them(proj
     assert "  train: table.csv\n" in out and "still to set" not in out
 
 
-def test_copy_puts_an_editable_copy_in_recipes_and_never_overwrites(project, capsys):
+def test_copy_writes_to_recipes_and_never_overwrites(project, capsys):
+    """The copy is an editable recipe in the project's recipes/ folder, its header line naming its origin."""
     recipes.main(["copy", "digits_mlp", "my_digits"])
     copied = project / "recipes" / "my_digits.yaml"
     original = recipes.available()["digits_mlp"].path.read_text().splitlines(keepends=True)
@@ -67,7 +70,8 @@ def test_copy_puts_an_editable_copy_in_recipes_and_never_overwrites(project, cap
     assert refused.value.code == 1 and "exists already" in capsys.readouterr().err
 
 
-def test_validate_builds_everything_without_training_and_fails_like_a_run_would(project, capsys):
+def test_validate_builds_all_and_fails_like_a_run(project, capsys):
+    """`recipes validate` builds everything without training (no run dir) and fails as a run would."""
     recipes.main(["validate", "reverse", "data.num_train=64", "data.num_validation=32"])
     out = capsys.readouterr().out
     assert "recipe reverse: valid." in out and "parameters" in out and "batch: 64 global per optimizer step" in out

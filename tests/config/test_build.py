@@ -64,7 +64,7 @@ def test_build_errors_name_the_key():
         build_model({"_target_": "torch.optim.Adam", "params": [torch.zeros(1, requires_grad=True)]})
 
 
-def test_errors_raised_inside_a_factory_pass_through_unwrapped():
+def test_factory_errors_pass_through_unwrapped():
     with pytest.raises(DataError, match="data.train: no such file"):
         build_data({"_target_": "runner.data.local_files", "train": "nope.csv"})
 

@@ -34,7 +34,8 @@ def test_default_composes_to_the_reverse_recipe():
     assert config.scheduler["_target_"] == "runner.schedules.warmup_cosine"
 
 
-def test_precedence_schema_then_group_then_recipe_then_command_line():
+def test_precedence_is_schema_group_recipe_cli():
+    """Each later source wins: the schema's default, then the group, then the recipe, then the command line."""
     config = freeze(_compose("recipe=digits_mlp", "optimizer=sgd", "optimizer.lr=0.05", "seed=7"), Path("/r")).config
     assert config.optimizer["_target_"] == "torch.optim.SGD"  # the command line picks the group
     assert config.optimizer["lr"] == 0.05  # and its values win over the recipe's lr
@@ -51,7 +52,8 @@ def test_frozen_spec_holds_plain_containers_only():
     assert spec.run_dir == "/tmp/run"
 
 
-def test_hydra_run_dir_is_unique_per_start_and_under_outputs():
+def test_hydra_run_dir_is_unique_under_outputs():
+    """One run dir per start, under outputs/ (a sweep's under outputs/multirun/)."""
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         hydra_cfg = compose("config", return_hydra_config=True).hydra
     assert hydra_cfg.run.dir.startswith("outputs/") and hydra_cfg.sweep.dir.startswith("outputs/multirun/")
@@ -121,7 +123,8 @@ def test_schema_keys_are_frozen():
     assert sorted(structured.logging.keys()) == ["jsonl", "name", "notes", "tags"]
 
 
-def test_logger_and_callbacks_are_list_groups_whose_entries_take_overrides():
+def test_list_group_entries_take_overrides():
+    """logger and callbacks are list groups (logger=[tensorboard,csv]) whose entries take overrides."""
     config = freeze(_compose(), Path("/tmp/run")).config
     assert config.logger == {"tensorboard": {"_target_": "runner.loggers.TensorBoardSink", "_partial_": True}}
     assert config.callbacks == {}
@@ -147,7 +150,8 @@ def _compose_as_a_run(*overrides: str):
         return apply_group_swaps(compose("config", overrides=list(overrides), return_hydra_config=True))
 
 
-def test_scheduler_none_on_the_default_recipe_is_a_constant_rate_and_the_log_names_the_dropped_keys(caplog):
+def test_scheduler_none_logs_the_dropped_keys(caplog):
+    """scheduler=none on the default recipe is a constant rate, and the log names the recipe's dropped keys."""
     from runner.run.checks import check
     from runner.distributed.devices import resolve_hardware
 
@@ -160,7 +164,8 @@ def test_scheduler_none_on_the_default_recipe_is_a_constant_rate_and_the_log_nam
     assert config.optimizer["lr"] == 3e-3  # other groups keep the recipe's values
 
 
-def test_a_swapped_model_drops_the_recipes_model_keys_and_keeps_the_groups_own(caplog):
+def test_swapped_model_drops_the_recipes_model_keys(caplog):
+    """The new model group's own keys stay; the log names the dropped ones."""
     with caplog.at_level(logging.INFO, logger="runner"):
         model = freeze(_compose_as_a_run("model=mlp"), Path("/r")).config.model
     assert model["_target_"] == "runner.models.MLP" and "vocab_size" not in model and "max_len" not in model
@@ -170,7 +175,8 @@ def test_a_swapped_model_drops_the_recipes_model_keys_and_keeps_the_groups_own(c
     assert "hidden" not in model and model["d_model"] == 64
 
 
-def test_a_swapped_group_keeps_what_the_command_line_sets_and_takes_the_options_own_values(caplog):
+def test_swapped_group_takes_its_own_values(caplog):
+    """optimizer=sgd takes sgd.yaml's values, not the recipe's, and keeps what the command line sets."""
     with caplog.at_level(logging.INFO, logger="runner"):
         sgd = freeze(_compose_as_a_run("recipe=digits_mlp", "optimizer=sgd"), Path("/r")).config.optimizer
         chosen = freeze(_compose_as_a_run("recipe=digits_mlp", "optimizer=sgd", "optimizer.lr=0.05"),
@@ -189,7 +195,8 @@ USER_RECIPE = "# @package _global_\n{defaults}model:\n  _target_: mylab.Wide\n  
               "allowed_targets: [runner., torch., datasets., mylab.]\n"
 
 
-def test_a_user_model_under_the_default_model_group_is_told_where_the_key_comes_from(tmp_path, monkeypatch, capsys):
+def test_user_model_told_where_a_key_comes_from(tmp_path, monkeypatch, capsys):
+    """A user's model under the default model group is told where a stray key comes from, and the fix."""
     from runner.commands.cli import main
 
     (tmp_path / "mylab").mkdir()

@@ -35,7 +35,7 @@ def composed(cli, *overrides) -> dict:
     return yaml.safe_load(result.stdout)
 
 
-def test_machine_defaults_apply_and_the_command_line_and_recipe_win(cli, search_dir):
+def test_machine_defaults_yield_to_recipe_and_cli(cli, search_dir):
     config = composed(cli, search_dir)
     assert config["hardware"]["kind"] == "multi_cpu" and config["precision"]["kind"] == "bf16"
     assert config["gpu_ids"] == [0]
@@ -45,7 +45,7 @@ def test_machine_defaults_apply_and_the_command_line_and_recipe_win(cli, search_
     assert config["precision"]["kind"] == "fp16" and config["gpu_ids"] == "all"
 
 
-def test_without_a_machine_file_the_schema_defaults_hold(cli):
+def test_no_machine_file_keeps_schema_defaults(cli):
     config = composed(cli)
     assert config["hardware"]["kind"] == "cpu" and config["precision"]["kind"] == "fp32"
     assert config["gpu_ids"] is None

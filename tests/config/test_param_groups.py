@@ -23,7 +23,7 @@ def _ids(parameters) -> set[int]:
     return {id(parameter) for parameter in parameters}
 
 
-def test_biases_and_norms_get_no_weight_decay_as_nanogpt_decides():
+def test_biases_and_norms_get_no_weight_decay():
     """With biases and LayerNorms (bias=True), the no-decay group is nanoGPT's rule exactly: every tensor of fewer
     than 2 dimensions. The tied head/embedding matrix is one tensor, decayed."""
     model = GPT(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=8, bias=True)
@@ -50,7 +50,7 @@ def test_a_step_decays_only_the_other_group():
         assert torch.equal(after[name], before[name]), name
 
 
-def test_a_pattern_selects_by_name_and_the_first_group_wins(caplog):
+def test_pattern_selects_by_name_first_group_wins(caplog):
     model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 2))
     groups = {"head": {"select": ["1.*"], "lr": 0.01}, "biases": {"select": ["biases"], "weight_decay": 0.0}}
     with caplog.at_level("INFO", logger="runner.config.instantiate"):
@@ -63,7 +63,7 @@ def test_a_pattern_selects_by_name_and_the_first_group_wins(caplog):
     assert _ids(biases["params"]) == {id(model[0].bias)} and biases["lr"] == 0.1
 
 
-def test_biases_on_a_model_without_biases_is_not_an_error():
+def test_biases_on_a_bias_free_model_is_no_error():
     model = GPT(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8, bias=False)
     _, no_decay = build_optimizer(_adamw(NO_DECAY), model).param_groups
     assert _ids(no_decay["params"]) == _ids([model.blocks[0].ln_1.weight, model.blocks[0].ln_2.weight,
@@ -88,7 +88,8 @@ def test_a_bad_group_names_its_key(groups, key, words):
 
 
 @pytest.mark.parametrize("recipe", ["gpt", "gpt2_hf", "reverse", "text_classification"])
-def test_the_transformer_recipes_leave_biases_and_norms_undecayed(recipe):
+def test_transformer_recipes_exempt_biases_and_norms(recipe):
+    """The transformer recipes exempt biases and norms from weight decay (NO_DECAY)."""
     from omegaconf import OmegaConf
 
     from runner.run.compose import compose_config
@@ -98,7 +99,8 @@ def test_the_transformer_recipes_leave_biases_and_norms_undecayed(recipe):
     assert optimizer["param_groups"] == NO_DECAY and optimizer["_target_"] == "torch.optim.AdamW"
 
 
-def test_a_model_with_no_bias_or_norm_has_no_such_group():
+def test_no_bias_or_norm_leaves_one_group():
+    """A model with no bias or norm gets no no-decay group: one group, decayed."""
     model = nn.Linear(3, 3, bias=False)
     (only,) = build_optimizer(_adamw(NO_DECAY), model).param_groups
     assert only["params"] == [model.weight] and only["weight_decay"] == 0.5

@@ -24,7 +24,8 @@ def test_digit_sequences_reverse_and_sort():
     assert all(row["target"] == sorted(row["source"]) for row in sorted_["train"])
 
 
-def test_digit_sequences_are_deterministic_and_written_nowhere(tmp_path, monkeypatch):
+def test_digit_sequences_are_seeded_and_in_memory(tmp_path, monkeypatch):
+    """Deterministic per seed and written nowhere: no cache files."""
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path)
     first = digit_sequences("reverse", num_train=40, num_validation=8, seq_len=4, seed=3)
     second = digit_sequences("reverse", num_train=40, num_validation=8, seq_len=4, seed=3)
@@ -96,7 +97,7 @@ def test_sklearn_digits_ships_offline():
     assert len(row["features"]) == 64 and 0.0 <= min(row["features"]) and max(row["features"]) <= 1.0
 
 
-def test_hub_name_offline_fails_fast_with_a_clear_message(tmp_path):
+def test_offline_hub_name_fails_fast_and_clearly(tmp_path):
     """No network here: the probe fails in seconds instead of a minute of retries inside `datasets`."""
     env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "0"}
     env.pop("HF_DATASETS_OFFLINE", None)
@@ -120,7 +121,7 @@ def _dataset(rows: int = 10):
     )
 
 
-def test_tensor_and_arrow_batches_yield_the_same_batches():
+def test_tensor_and_arrow_batches_are_equal():
     dataset = _dataset(10)
     in_memory = make_batches(dataset, batch_size=4, shuffle=True, seed=1, in_memory_limit_mb=1)
     streamed = make_batches(dataset, batch_size=4, shuffle=True, seed=1, in_memory_limit_mb=0)
@@ -132,7 +133,8 @@ def test_tensor_and_arrow_batches_yield_the_same_batches():
         assert torch.equal(a["x"][:, 0], a["y"].float())
 
 
-def test_batches_reshuffle_per_epoch_and_repeat_per_seed():
+def test_batch_order_is_seeded_and_per_epoch():
+    """The order repeats for a seed and reshuffles every epoch."""
     batches = make_batches(_dataset(32), batch_size=8, shuffle=True, seed=5, in_memory_limit_mb=1)
     epoch0 = torch.cat([batch["y"] for batch in batches])
     again = torch.cat([batch["y"] for batch in batches])
@@ -143,7 +145,7 @@ def test_batches_reshuffle_per_epoch_and_repeat_per_seed():
     assert sorted(epoch0.tolist()) == sorted(epoch1.tolist()) == list(range(32))
 
 
-def test_sharded_batches_cover_each_row_once_across_ranks():
+def test_shards_cover_each_row_once_across_ranks():
     for shuffle in (True, False):
         seen, lengths = [], []
         for rank in range(3):

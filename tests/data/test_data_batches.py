@@ -14,7 +14,7 @@ def columns(rows: int) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
-def test_each_epoch_visits_every_row_once_across_shards(world_size):
+def test_epoch_visits_each_row_once_across_shards(world_size):
     seen = []
     for rank in range(world_size):
         batches = TensorBatches(columns(10), batch_size=3, shuffle=True, seed=0).shard(rank, world_size)
@@ -35,7 +35,8 @@ def test_drop_last_and_batch_sizes():
     assert [batch["id"].tolist() for batch in batches] == [[0, 1, 2, 3], [4, 5, 6, 7]] and len(batches) == 2
 
 
-def test_order_is_reproducible_per_epoch_and_changes_between_epochs():
+def test_order_is_reproducible_and_new_each_epoch():
+    """The same order for the same epoch, and a different one between epochs."""
     def order(epoch: int) -> list[int]:
         batches = TensorBatches(columns(32), 8, shuffle=True, seed=5)
         batches.set_epoch(epoch)
@@ -45,7 +46,8 @@ def test_order_is_reproducible_per_epoch_and_changes_between_epochs():
     assert order(0) != order(1) and sorted(order(1)) == list(range(32))
 
 
-def test_arrow_batches_match_the_rows_of_a_split_with_an_indices_mapping():
+def test_arrow_batches_follow_an_indices_mapping():
+    """The batches match the rows of a split reached through an indices mapping."""
     import datasets
 
     from runner.data.batches import ArrowBatches
@@ -65,7 +67,8 @@ def test_arrow_batches_match_the_rows_of_a_split_with_an_indices_mapping():
     assert ArrowBatches(split, 4, shuffle=True, seed=0).shard(1, 2).stand_in()["y"].tolist() == [split["y"][0]]
 
 
-def test_an_empty_evaluation_shard_still_has_a_stand_in_batch_of_the_splits_first_row():
+def test_empty_eval_shard_has_a_stand_in_batch():
+    """The stand-in batch is the split's first row."""
     from runner.accelerate.prepared import DeviceBatches
 
     shard = TensorBatches(columns(1), batch_size=4, shuffle=False, seed=0).shard(1, 2)  # 1 row, 2 processes

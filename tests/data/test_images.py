@@ -41,7 +41,8 @@ def planes(row, channels: int, size: int) -> np.ndarray:
     return np.asarray(row["pixels"], dtype=np.uint8).reshape(channels, size, size)
 
 
-def test_image_folder_decodes_each_png_once_to_its_centre_square_and_labels_it_by_folder(tmp_path):
+def test_image_folder_crops_centre_labels_by_folder(tmp_path):
+    """Each PNG is decoded once to its centre square and labelled by its folder."""
     # 16 x 8 images and image_size 8: the height is already 8, so no resampling; the centre 8 columns (4..11) stay.
     splits = image_folder(str(gradient_folder(tmp_path / "images")), image_size=8, validation_fraction=0.4)
     assert splits["train"].column_names == ["pixels", "label"]
@@ -61,7 +62,8 @@ def test_image_folder_decodes_each_png_once_to_its_centre_square_and_labels_it_b
     assert sorted(seen) == sorted(20 * index + label for label in range(2) for index in range(5))
 
 
-def test_image_folder_resizes_the_shorter_side_and_converts_to_grey(tmp_path):
+def test_image_folder_resizes_and_converts_to_grey(tmp_path):
+    """The shorter side is resized to image_size, then the centre square is kept."""
     root = tmp_path / "images"
     for name, value in zip(CLASSES, (40, 200)):
         (root / name).mkdir(parents=True)
@@ -100,7 +102,7 @@ def _png_bytes(rgb: tuple[int, int, int], size=(6, 6)) -> bytes:
     return out.getvalue()
 
 
-def test_image_parquet_reads_an_image_feature_and_class_names(tmp_path):
+def test_image_parquet_reads_images_and_class_names(tmp_path):
     import datasets
 
     colours = [(255, 0, 0), (0, 255, 0), (0, 0, 255), (10, 20, 30)]
@@ -132,7 +134,8 @@ def test_image_parquet_decodes_a_plain_bytes_column(tmp_path):
     assert [set(row["pixels"]) for row in splits["validation"]] == [{0}, {50}, {100}, {150}, {200}]
 
 
-def test_digits_as_images_are_the_bundled_digits_scaled_to_bytes():
+def test_digits_images_are_bundled_digits_as_bytes():
+    """The bundled digits, 0..16 scaled to 0..255."""
     from sklearn.datasets import load_digits
 
     splits = digits_images(validation_fraction=0.2, seed=0)
@@ -153,7 +156,7 @@ def test_digits_as_images_are_the_bundled_digits_scaled_to_bytes():
     assert model(streamed["pixels"]).shape == model(in_memory["pixels"]).shape == (32, 10)
 
 
-def test_digits_written_as_a_folder_of_pngs_read_back_as_the_bundled_digits(tmp_path):
+def test_digits_png_folder_reads_back_unchanged(tmp_path):
     """benchmarks/digits_folder.py (the README's image_folder data) loses nothing: through imagefolder the PNGs
     give exactly the pixels and labels of data=digits_images."""
     spec = importlib.util.spec_from_file_location("digits_folder", ROOT / "benchmarks" / "digits_folder.py")
@@ -186,7 +189,8 @@ def _normalised(images: torch.Tensor) -> torch.Tensor:
     return (images / 255.0 - torch.tensor(MEAN).view(-1, 1, 1)) / torch.tensor(STD).view(-1, 1, 1)
 
 
-def test_preprocess_in_eval_only_normalises_and_is_deterministic():
+def test_eval_preprocess_only_normalises():
+    """In eval mode the preprocessing only normalises, and is deterministic."""
     pixels = _pixels()
     layer = ImagePreprocess(3, 4, MEAN, STD, crop_padding=1, flip=True).eval()
     out = layer(pixels)
@@ -201,7 +205,8 @@ def test_preprocess_in_eval_only_normalises_and_is_deterministic():
     torch.testing.assert_close(plain(pixels), out)
 
 
-def test_preprocess_in_training_crops_each_image_at_its_own_offset_and_flips_about_half():
+def test_train_preprocess_crops_and_flips_per_image():
+    """In training each image is cropped at its own offset, and about half are flipped."""
     pixels = _pixels()
     images = pixels.view(64, 3, 4, 4).float()
     padded = torch.nn.functional.pad(images, (1, 1, 1, 1))  # zero padding: those pixels normalise to -mean/std

@@ -33,7 +33,7 @@ def _table(path, rows: int = 150, seed: int = 0) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def test_the_schema_states_the_feature_and_class_counts(tmp_path):
+def test_schema_states_feature_and_class_counts(tmp_path):
     _table(tmp_path / "t.csv")
     splits = local_files(str(tmp_path / "t.csv"), label_column="kind")
     assert splits["train"].features["label"].names == ["red", "rose", "white"]
@@ -49,7 +49,7 @@ def test_the_schema_states_the_feature_and_class_counts(tmp_path):
         fill_from_data({"in_features": None}, no_schema, None)
 
 
-def test_standardize_takes_the_training_split_statistics(tmp_path):
+def test_standardize_uses_train_split_stats(tmp_path):
     _table(tmp_path / "t.csv")
     train = local_files(str(tmp_path / "t.csv"), label_column="kind")["train"]
     model = MLP(3, 3, hidden=[8], standardize=True)
@@ -65,7 +65,8 @@ def test_standardize_takes_the_training_split_statistics(tmp_path):
     assert torch.isfinite(standardised).all()
 
 
-def test_the_tabular_recipe_learns_a_table_with_no_sizes_given_and_exports_its_statistics(tmp_path, monkeypatch):
+def test_tabular_recipe_learns_with_no_sizes_given(tmp_path, monkeypatch):
+    """The tabular recipe learns a table with no model sizes given, and exports its statistics."""
     _table(tmp_path / "wines.csv")
     monkeypatch.chdir(tmp_path)
     main(["recipe=tabular_csv", "data.train=wines.csv", "data.label_column=kind", "trainer.max_epochs=8",
@@ -86,7 +87,8 @@ def test_the_tabular_recipe_learns_a_table_with_no_sizes_given_and_exports_its_s
     assert predicted.tolist() == [0, 1, 2]
 
 
-def test_benchmarks_tables_writes_iris_and_wine_as_a_user_would_have_them(tmp_path):
+def test_benchmarks_tables_writes_iris_and_wine(tmp_path):
+    """benchmarks/tables.py writes iris and wine as a user would have them."""
     import importlib.util
 
     from conftest import ROOT

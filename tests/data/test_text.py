@@ -62,7 +62,7 @@ def test_text_files_blocks_are_the_text_shifted_by_one(tmp_path):
     assert sum(len(b["labels"]) for b in evaluation) == (len(splits["validation"]) - 1) // 16
 
 
-def test_token_path_streams_from_a_memory_map_past_the_budget(tmp_path):
+def test_token_path_memory_maps_past_the_budget(tmp_path):
     """A corpus larger than trainer.data_in_memory_mb (1 MB): the batches read from the token file's memory map,
     never a copy of the stream, and give exactly the batches of the in-memory path."""
     path = tmp_path / "big.txt"
@@ -95,7 +95,8 @@ def _train(splits, steps: int) -> GPT:
     return model.eval()
 
 
-def test_trained_gpt_beats_the_unigram_baseline_and_samples_only_its_vocabulary(tmp_path):
+def test_trained_gpt_beats_the_unigram_baseline(tmp_path):
+    """Its samples hold only characters of its vocabulary."""
     path = tmp_path / "t.txt"
     path.write_text(corpus(600))
     run_dir = tmp_path / "run"
@@ -142,7 +143,8 @@ def test_sample_names_bad_settings():
         parse(["run", "temprature=1"])
 
 
-def test_runner_sample_ends_a_bad_setting_with_one_error_and_exit_1(capsys):
+def test_runner_sample_bad_setting_exits_1(capsys):
+    """`runner sample` ends a bad setting with one error line and exit code 1."""
     from runner.commands.cli import main
 
     with pytest.raises(SystemExit) as ended:
@@ -151,7 +153,8 @@ def test_runner_sample_ends_a_bad_setting_with_one_error_and_exit_1(capsys):
     assert capsys.readouterr().err.startswith("runner: error: bad config: temprature: is not a setting of `runner sample`")
 
 
-def test_bag_of_ngrams_ignores_padding_and_tells_word_order_apart_by_its_bigrams():
+def test_bag_of_ngrams_ignores_padding_not_order():
+    """It tells word order apart by its bigrams."""
     from runner.models import BagOfNgrams
 
     torch.manual_seed(0)

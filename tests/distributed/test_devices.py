@@ -71,7 +71,8 @@ def test_apply_exports_the_selection(four_gpus):
     assert cuda_visible_devices() == "2"
 
 
-def test_apply_changes_nothing_when_the_selection_has_problems(four_gpus):
+def test_apply_changes_nothing_on_problems(four_gpus):
+    """apply() changes nothing when the selection has problems."""
     hardware = _resolve(HardwareKind.gpu, [9])
     hardware.apply()
     from runner.distributed.dist import cuda_visible_devices
@@ -100,7 +101,7 @@ def test_gpu_count_must_match_the_process_count(four_gpus):
     assert "use hardware=multi_gpu hardware.num_processes=2" in problem.message
 
 
-def test_an_inherited_cuda_visible_devices_is_respected(four_gpus, monkeypatch):
+def test_inherited_cuda_visible_devices_is_kept(four_gpus, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")  # e.g. set by SLURM
     kept = _resolve(HardwareKind.multi_gpu, None)
     assert kept.cuda_visible_devices is None and kept.physical_gpus == ("2", "3") and kept.problems == ()
@@ -109,19 +110,20 @@ def test_an_inherited_cuda_visible_devices_is_respected(four_gpus, monkeypatch):
 
 
 @pytest.mark.parametrize("inherited", ["2,3", "GPU-8f3c2a1e-0000-0000-0000-000000000000"])
-def test_a_conflicting_gpu_ids_is_an_error_not_an_override(four_gpus, monkeypatch, inherited):
+def test_conflicting_gpu_ids_is_an_error(four_gpus, monkeypatch, inherited):
+    """An error, not an override of the inherited CUDA_VISIBLE_DEVICES."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", inherited)
     (problem,) = _resolve(HardwareKind.gpu, [0]).problems
     assert f"[0] conflicts with CUDA_VISIBLE_DEVICES='{inherited}'" in problem.message
     assert "unset CUDA_VISIBLE_DEVICES" in problem.message
 
 
-def test_cpu_runs_ignore_gpu_ids_but_still_reject_malformed_ones(four_gpus):
+def test_cpu_runs_ignore_gpu_ids_unless_malformed(four_gpus):
     assert _resolve(HardwareKind.cpu, [7]).problems == ()
     assert _resolve(HardwareKind.cpu, "x").problems[0].key == "gpu_ids"
 
 
-def test_under_torchrun_the_launcher_decides_the_process_counts(monkeypatch):
+def test_torchrun_decides_the_process_counts(monkeypatch):
     for name, value in {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}.items():
         monkeypatch.setenv(name, value)
     hardware = _resolve(HardwareKind.multi_cpu, processes=8)
@@ -129,7 +131,7 @@ def test_under_torchrun_the_launcher_decides_the_process_counts(monkeypatch):
     assert (hardware.processes_per_machine, hardware.num_machines, hardware.world_size) == (2, 2, 4)
 
 
-def test_under_torchrun_num_processes_is_ignored_with_a_log_line(monkeypatch, caplog):
+def test_torchrun_ignores_num_processes_with_a_log(monkeypatch, caplog):
     # torchrun on 2 nodes, one process each, with hardware=multi_cpu (whose file sets num_processes: 2).
     for name, value in {"RANK": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1"}.items():
         monkeypatch.setenv(name, value)
@@ -147,7 +149,7 @@ def test_a_cpu_only_torch_build_counts_no_gpus(monkeypatch):
     assert devices.physical_gpu_count() == 0 and not devices.cuda_present()
 
 
-def test_auto_means_gpu_when_cuda_is_present_and_says_which(monkeypatch, caplog):
+def test_auto_picks_gpu_if_cuda_and_says_which(monkeypatch, caplog):
     monkeypatch.setattr(devices, "cuda_present", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     caplog.set_level("INFO", logger="runner.distributed.devices")
@@ -187,7 +189,8 @@ def test_tpu_with_torch_xla_uses_its_device(monkeypatch):
     assert accelerator.xla is not None and accelerator.device == torch.device("cpu")
 
 
-def test_the_cli_reports_every_device_and_precision_problem_at_once(cli):
+def test_cli_reports_every_device_problem_at_once(cli):
+    """Device and precision problems (and others) are reported together, at once."""
     result = cli(*TINY, "hardware=gpu", "gpu_ids=[7]", "precision=fp8", "trainer.grad_accum_steps=0")
     assert result.returncode == 1
     assert "bad config (4 problems)" in result.stderr
@@ -197,7 +200,7 @@ def test_the_cli_reports_every_device_and_precision_problem_at_once(cli):
     assert "Traceback" not in result.stderr and result.run_dirs() == []
 
 
-def test_the_cli_refuses_gpu_ids_that_conflict_with_the_environment(cli):
+def test_cli_refuses_gpu_ids_that_conflict_with_env(cli):
     result = cli(*TINY, "hardware=gpu", "gpu_ids=[1]", env={"CUDA_VISIBLE_DEVICES": "0"})
     assert result.returncode == 1
     assert "gpu_ids: [1] conflicts with CUDA_VISIBLE_DEVICES='0'" in result.stderr
@@ -235,7 +238,7 @@ FAKE_TORCH_XLA = {
 }
 
 
-def test_hardware_tpu_runs_the_whole_worker_through_torch_xla_calls(cli, tmp_path):
+def test_hardware_tpu_runs_the_worker_via_torch_xla(cli, tmp_path):
     """A stand-in torch_xla package (on PYTHONPATH) records what a run calls: the real TPU path, executed on CPU."""
     import os
 
@@ -254,7 +257,8 @@ def test_hardware_tpu_runs_the_whole_worker_through_torch_xla_calls(cli, tmp_pat
     assert "precision fp32" in (result.run_dir() / "runner.log").read_text()
 
 
-def test_start_method_auto_forks_cpu_workers_on_linux_and_spawns_for_cuda(monkeypatch):
+def test_start_method_auto_forks_cpu_spawns_cuda(monkeypatch):
+    """auto forks CPU workers on Linux (spawns elsewhere) and spawns for CUDA."""
     from runner.config import HardwareConfig, HardwareKind, StartMethod
     from runner.distributed.devices import _start_method, resolve_hardware
 

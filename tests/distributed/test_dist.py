@@ -28,7 +28,8 @@ def test_dist_info_defaults_to_one_process(monkeypatch):
     assert DistInfo.from_env() == DistInfo(0, 0, 1, 1)
 
 
-def test_threads_share_this_machines_cores_among_its_workers(monkeypatch):
+def test_threads_split_the_cores_among_workers(monkeypatch):
+    """This machine's cores among this machine's workers; an explicit setting wins."""
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
     assert threads_per_process(DistInfo(0, 0, 8, 4), None) == 4  # 16 cores / 4 workers on this machine
     assert threads_per_process(DistInfo(0, 0, 64, 64), None) == 1
@@ -55,7 +56,7 @@ def _launch_two(fn, *args):
     return elastic_launch(config, fn)(*args)
 
 
-def test_ranks_with_different_configs_get_a_diff_naming_the_key():
+def test_differing_rank_configs_diff_names_the_key():
     results = _launch_two(dist_helpers.config_mismatch_between_ranks)
     for rank in (0, 1):  # every rank sees the same verdict, so all of them stop
         assert "ranks [1] resolved a different config than rank 0" in results[rank]
@@ -63,7 +64,7 @@ def test_ranks_with_different_configs_get_a_diff_naming_the_key():
         assert "seed" not in results[rank] and "machine_rank" not in results[rank]  # only what must agree
 
 
-def test_local_main_first_runs_rank_0_before_the_others(tmp_path):
+def test_local_main_first_runs_rank_0_first(tmp_path):
     results = _launch_two(dist_helpers.record_main_first_order, str(tmp_path / "order.txt"))
     assert (tmp_path / "order.txt").read_text().split() == ["0", "1"]
     assert results == {0: True, 1: True}
@@ -82,7 +83,8 @@ def _ids(num_rows, batch_size, shuffle):
     return lambda: TensorBatches({"id": torch.arange(num_rows)}, batch_size, shuffle=shuffle, seed=7)
 
 
-def test_training_shards_see_each_sample_once_per_epoch_and_reshuffle():
+def test_train_shards_cover_once_and_reshuffle():
+    """Training shards see each sample once per epoch, and reshuffle every epoch."""
     epoch0 = _shards(_ids(64, 8, True), 2, epoch=0)
     epoch1 = _shards(_ids(64, 8, True), 2, epoch=1)
     for shards in (epoch0, epoch1):
@@ -91,7 +93,8 @@ def test_training_shards_see_each_sample_once_per_epoch_and_reshuffle():
     assert epoch0[0] != epoch1[0]  # a new order each epoch, computed alike on every rank from seed + epoch
 
 
-def test_training_shards_are_padded_to_equal_length_when_rows_do_not_divide():
+def test_train_shards_pad_to_equal_length():
+    """Padded when the rows do not divide among the ranks."""
     shards = _shards(_ids(67, 8, True), 4)
     assert [len(shard) for shard in shards] == [17] * 4  # equal: every rank takes the same number of steps
     seen = sorted(sum(shards, []))
@@ -105,7 +108,7 @@ def test_evaluation_shards_are_exact_and_unpadded():
     assert sorted(shards[0] + shards[1]) == list(range(63))  # no padded duplicates to miscount
 
 
-def test_torchrun_ranks_agree_on_a_run_id_and_get_their_own_log_name(monkeypatch):
+def test_torchrun_ranks_share_run_id_with_own_logs(monkeypatch):
     from omegaconf import OmegaConf
 
     from runner.run.resolvers import register_configs

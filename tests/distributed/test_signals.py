@@ -15,7 +15,7 @@ import dist_helpers
 from test_dist import _launch_two
 
 
-def test_stop_signals_record_the_configured_signal_only():
+def test_only_configured_signals_are_recorded():
     with StopSignals(["SIGUSR1"]) as stop:
         assert not stop.requested()
         os.kill(os.getpid(), signal.SIGUSR1)
@@ -25,7 +25,8 @@ def test_stop_signals_record_the_configured_signal_only():
     signal.signal(signal.SIGUSR1, signal.SIG_DFL)
 
 
-def test_under_submitit_sigusr2_its_requeue_signal_also_stops_the_run(monkeypatch):
+def test_under_submitit_sigusr2_also_stops_the_run(monkeypatch):
+    """SIGUSR2 is submitit's requeue signal."""
     from runner.distributed.signals import stop_signals
 
     monkeypatch.delenv("SUBMITIT_EXECUTOR", raising=False)
@@ -40,14 +41,16 @@ def test_under_submitit_sigusr2_its_requeue_signal_also_stops_the_run(monkeypatc
     signal.signal(signal.SIGUSR2, signal.SIG_DFL)
 
 
-def test_without_a_signal_the_previous_handlers_come_back():
+def test_unsignalled_exit_restores_handlers():
+    """Without a signal, the previous handlers come back."""
     before = signal.getsignal(signal.SIGUSR1)
     with StopSignals(["SIGUSR1"]) as stop:
         assert not stop.requested()
     assert signal.getsignal(signal.SIGUSR1) is before
 
 
-def test_a_signal_during_start_up_ends_the_run_at_once_saying_nothing_was_trained():
+def test_signal_in_start_up_ends_the_run_at_once():
+    """The error says nothing was trained or saved."""
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(Preempted, match="stopped by SIGTERM before training started; nothing was trained or saved"):
         with stop_during_startup():
@@ -58,7 +61,7 @@ def test_a_signal_during_start_up_ends_the_run_at_once_saying_nothing_was_traine
 
 
 @pytest.mark.parametrize("signal_rank", [0, 1])
-def test_ranks_stop_after_the_same_step_one_step_after_the_signal(signal_rank):
+def test_ranks_stop_together_one_step_after_signal(signal_rank):
     """No per-step wait and no log cadence: the signal seen after step 3 on one rank stops every rank after 4."""
     results = _launch_two(dist_helpers.step_at_which_ranks_stop, signal_rank, 3)
     assert results == {0: 4, 1: 4}

@@ -67,7 +67,7 @@ def test_fp8_converts_and_trains_on_a_capable_gpu():
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
-def test_gpu_ids_is_applied_before_cuda_initialises_in_this_process():
+def test_gpu_ids_applies_before_cuda_initialises():
     """The parent exports CUDA_VISIBLE_DEVICES and then runs the checks that touch CUDA: it must still see one GPU."""
     last = torch.cuda.device_count() - 1
     code = (
@@ -92,7 +92,7 @@ def test_the_cli_on_one_gpu_with_gpu_ids(cli):
     assert "device cuda:0 | precision bf16 | autocast bfloat16" in (result.run_dir() / "runner.log").read_text()
 
 
-def test_sigkill_then_resume_auto_is_bitwise_exact_on_gpu(tmp_path_factory):
+def test_sigkill_resume_auto_is_bitwise_exact_on_gpu(tmp_path_factory):
     """tests/training/test_resume.py's SIGKILL case with hardware=gpu: killed after its checkpoint at step 6, resume=auto must
     end with the uninterrupted run's weights, bit for bit, and log the same values (the MLP's CUDA kernels are
     deterministic for a fixed shape, so any difference is the resume's)."""

@@ -42,8 +42,8 @@ def tmpfs(tmp_path):
 
 
 @pytest.mark.parametrize("hardware", [(), FORK], ids=["1 process", "2 processes"])
-def test_a_full_disk_stops_with_one_message_keeps_the_last_checkpoint_and_resume_continues(tmp_path, tmpfs,
-                                                                                           hardware):
+def test_a_full_disk_keeps_the_last_checkpoint(tmp_path, tmpfs, hardware):
+    """A full disk stops the run with one message, keeps the last complete checkpoint, and resume=auto continues."""
     (tmpfs / "filler").write_bytes(b"\0" * 400 * 1024)  # the user's other files on that disk
     run_dir = tmpfs / "run"
     steps = (*SMALL, "checkpoint.every_n_steps=4", "trainer.max_steps=12", f"hydra.run.dir={run_dir}", *hardware)
@@ -89,7 +89,8 @@ def _finish(proc: subprocess.Popen) -> tuple[int, str, str]:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
-def test_a_stop_signal_to_the_launcher_stops_every_rank_at_once_and_exit_75_means_it_saved(tmp_path, sig):
+def test_a_stop_signal_stops_every_rank_and_saves(tmp_path, sig):
+    """A signal to the launcher stops every rank within a step or two; exit 75 means the named checkpoint was saved."""
     proc = _start(tmp_path, *FORK, *SLOW)
     _wait_for_training(tmp_path / "run", proc)
     proc.send_signal(sig)
@@ -105,7 +106,8 @@ def test_a_stop_signal_to_the_launcher_stops_every_rank_at_once_and_exit_75_mean
     assert "Traceback" not in out + err
 
 
-def test_a_second_sigterm_while_stopping_still_seals_and_exits_75(tmp_path):
+def test_a_second_sigterm_still_seals_and_exits_75(tmp_path):
+    """The second SIGTERM arrives while the first one is still stopping the run."""
     proc = _start(tmp_path, *FORK, *SLOW)
     _wait_for_training(tmp_path / "run", proc)
     proc.send_signal(signal.SIGTERM)
@@ -126,7 +128,8 @@ def test_ctrl_c_prints_one_line_and_ends_every_process(tmp_path):
     assert "Traceback" not in out + err and "KeyboardInterrupt" not in out + err
 
 
-def test_a_sigterm_during_start_up_exits_75_saying_nothing_was_trained(tmp_path):
+def test_a_sigterm_during_start_up_exits_75(tmp_path):
+    """It says nothing was trained or saved, with no traceback."""
     proc = _start(tmp_path, *SMALL, "data.num_train=200000")  # generating the data takes a few seconds
     wait_for((tmp_path / "run" / "config.yaml").is_file, "preflight to write run/config.yaml", poll_s=0.01)
     proc.send_signal(signal.SIGTERM)
@@ -136,7 +139,7 @@ def test_a_sigterm_during_start_up_exits_75_saying_nothing_was_trained(tmp_path)
     assert "Traceback" not in out + err
 
 
-def test_a_sigterm_between_preflight_and_the_worker_is_reported_too(tmp_path):
+def test_a_sigterm_after_preflight_is_reported_too(tmp_path):
     """The signal lands after preflight wrote config.yaml and before the worker installs its own handler (the
     moment the test above waits for): still exit 75 and one line, never the default action's silent death."""
     probe = ("import os, signal, sys\n"
@@ -150,7 +153,7 @@ def test_a_sigterm_between_preflight_and_the_worker_is_reported_too(tmp_path):
     assert (tmp_path / "run" / "config.yaml").is_file() and "Traceback" not in done.stdout + done.stderr
 
 
-def test_a_hung_rank_is_named_as_the_hung_rank_within_the_timeout(tmp_path):
+def test_a_hung_rank_is_named_within_the_timeout(tmp_path):
     result = run_cli(*FORK, *SMALL, *FAULTY, "+model.hang_rank=1", "+model.hang_at_forward=3",
                      "hardware.timeout_s=6", cwd=tmp_path, env=HELPERS_ENV, timeout=WAIT_S)
     assert result.returncode == 1, result.output
@@ -159,7 +162,8 @@ def test_a_hung_rank_is_named_as_the_hung_rank_within_the_timeout(tmp_path):
     assert "runner_rank1.log" in result.stderr and "Traceback" not in result.output
 
 
-def test_killing_the_launcher_while_a_rank_hangs_leaves_no_worker_behind(tmp_path):
+def test_kill_during_a_hang_leaves_no_worker(tmp_path):
+    """Killing the launcher (SIGKILL) while rank 1 hangs in a collective ends every worker process."""
     hanging = tmp_path / "rank1_hangs"
     proc = _start(tmp_path, *FORK, *SMALL, *FAULTY, "+model.hang_rank=1", "+model.hang_at_forward=3",
                   f"+model.hang_marker={hanging}")

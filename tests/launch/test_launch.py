@@ -26,7 +26,8 @@ def _spec(tmp_path, **fields) -> RunSpec:
     return RunSpec(config=config, run_dir=str(tmp_path), hardware=resolve_hardware(config.hardware))
 
 
-def test_one_machine_meets_on_a_free_port_with_a_fresh_run_id(tmp_path):
+def test_one_machine_meets_on_a_free_port(tmp_path):
+    """With a fresh run id for each launch."""
     first = launch_config(_spec(tmp_path, num_processes=3, start_method=StartMethod.fork, shutdown_timeout_s=7,
                                 timeout_s=90).hardware, tmp_path / "ranks")
     second = launch_config(_spec(tmp_path).hardware, tmp_path / "ranks")
@@ -38,7 +39,7 @@ def test_one_machine_meets_on_a_free_port_with_a_fresh_run_id(tmp_path):
     assert first.logs_specs.root_log_dir == str(tmp_path / "ranks")
 
 
-def test_machines_meet_at_machine_0_with_ranks_in_machine_order(tmp_path):
+def test_machines_meet_at_machine_0_in_rank_order(tmp_path):
     config = launch_config(_spec(tmp_path, num_processes=4, num_machines=3, machine_rank=2,
                                  main_process_ip="10.0.0.5", main_process_port=29400).hardware, tmp_path / "ranks")
     assert (config.min_nodes, config.max_nodes, config.nproc_per_node) == (3, 3, 4)
@@ -91,7 +92,8 @@ def _raise(err):
         return caught
 
 
-def test_a_worker_failure_names_rank_step_and_the_end_of_the_traceback():
+def test_a_worker_failure_names_rank_step_and_trace():
+    """The message ends with the end of the failed rank's traceback."""
     err = _raise(ValueError("boom"))
     mark_step(err, 5)
     failure = worker_failure(1, err)
@@ -102,7 +104,7 @@ def test_a_worker_failure_names_rank_step_and_the_end_of_the_traceback():
     assert any("_raise" in line for line in rest)
 
 
-def test_a_user_error_in_a_worker_keeps_just_its_message():
+def test_a_worker_user_error_keeps_just_its_message():
     failure = worker_failure(0, _raise(DataError("data: a split has no rows")))
     assert str(failure) == "data: a split has no rows (rank 0, before the first optimizer step)"
 
@@ -119,7 +121,8 @@ def _failure(exitcode, message="", timestamp=100):
     return SimpleNamespace(exitcode=exitcode, message=message, timestamp=timestamp, signal_name=signal_name)
 
 
-def test_root_cause_prefers_the_rank_that_raised_over_ranks_that_lost_it():
+def test_root_cause_prefers_the_rank_that_raised():
+    """Over the ranks that lost it as a peer or were ended by a signal."""
     failures = {
         0: _failure(1, {"message": "PeerLost: rank 0 stopped after 2 optimizer step(s): it lost a peer"}, 99),
         1: _failure(1, {"message": "RankFailed: rank 1 failed after 2 optimizer step(s): ValueError: x"}, 100),
@@ -133,7 +136,8 @@ def test_root_cause_names_a_rank_killed_by_a_signal():
     assert root_cause(failures) == RootCause(1, "rank 1 was killed by signal SIGKILL (exit code -9)")
 
 
-def test_a_hung_rank_relayed_by_the_rank_that_gave_up_is_the_rank_named():
+def test_a_relayed_hang_names_the_hung_rank():
+    """Rank 0 gave up waiting and relayed the hang: the root cause named is rank 1, the one that hung."""
     hung = "rank 1 hung: it made no progress for 6 s (at optimizer step 2); rank 0 gave up waiting for it"
     failures = {0: _failure(-signal.SIGTERM, timestamp=5),
                 1: _failure(1, {"message": f"RelayedFailure: [0] {hung}"}, 6)}
@@ -151,7 +155,7 @@ def test_a_joblib_loky_worker_falls_back_to_spawn(monkeypatch):
     assert calls == [("spawn", True)]  # any other start method is left alone
 
 
-def test_workers_get_omp_threads_unless_the_user_set_them(monkeypatch):
+def test_workers_get_omp_threads_unless_user_set(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     with omp_threads_for_workers(3):
         assert os.environ["OMP_NUM_THREADS"] == "3"  # inherited by the workers started in here
@@ -161,7 +165,8 @@ def test_workers_get_omp_threads_unless_the_user_set_them(monkeypatch):
         assert os.environ["OMP_NUM_THREADS"] == "8"
 
 
-def test_a_rank_that_refuses_its_checkpoint_is_reported_as_one_resume_auto_cannot_fix():
+def test_a_checkpoint_refusal_is_not_helped_by_resume():
+    """A rank that refuses its checkpoint is reported as a failure resume=auto cannot fix; other errors it can."""
     from runner.errors import ResumeRefused
 
     refusal = worker_failure(1, _raise(ResumeRefused("resume: ckpt was written by a run with 2 process(es)")))
@@ -174,7 +179,7 @@ def test_a_rank_that_refuses_its_checkpoint_is_reported_as_one_resume_auto_canno
     assert root_cause(failures).resume_helps
 
 
-def test_a_torchrun_restart_sharing_its_store_is_warned_about(monkeypatch, caplog):
+def test_a_torchrun_restart_with_shared_store_warns(monkeypatch, caplog):
     from runner.launch.launcher import warn_shared_store_on_restart
 
     monkeypatch.setenv("RANK", "0")
@@ -192,7 +197,8 @@ def test_a_torchrun_restart_sharing_its_store_is_warned_about(monkeypatch, caplo
         assert caplog.text == ""
 
 
-def test_a_restart_names_the_failed_rank_its_error_s_last_line_and_the_step_it_continues_from():
+def test_a_restart_line_names_rank_error_and_step():
+    """The failed rank, its error's last line and the step the restart continues from."""
     from runner.launch.failures import restart_line
 
     failed = worker_failure(1, _raise(ValueError("injected failure at training forward 6")))

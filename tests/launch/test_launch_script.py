@@ -55,7 +55,8 @@ def _rank_output(folder: Path) -> str:
                    for path in sorted(folder.rglob("stderr.log")))
 
 
-def test_runner_launch_runs_the_readme_loop_on_two_processes_like_one_with_the_whole_batch(tmp_path, one_process):
+def test_launch_runs_the_readme_loop_on_two_processes(tmp_path, one_process):
+    """Like one process with the whole batch (the same weights); each rank's output is kept under outputs/launch."""
     done = _run("-m", "runner.launch", "hardware=multi_cpu", str(SCRIPT), "--batch-size", "16", "--out", "w.pt",
                 cwd=tmp_path)
     assert done.returncode == 0, done.stderr + _rank_output(tmp_path)
@@ -71,7 +72,8 @@ def test_torchrun_runs_the_same_loop_unchanged(tmp_path, one_process):
     _assert_same_training(torch.load(tmp_path / "w.pt"), one_process)
 
 
-def test_a_failing_script_is_one_message_with_its_exit_code_and_where_its_output_is(tmp_path):
+def test_a_failing_script_gives_one_message(tmp_path):
+    """The message names the rank that failed first, its exit code, and where the scripts' output is."""
     done = _run("-m", "runner.launch", "hardware=multi_cpu", str(SCRIPT), "--batch-size", "16", "--out", "w.pt",
                 "--fail-rank", "1", cwd=tmp_path)
     assert done.returncode == 1
@@ -93,7 +95,8 @@ def _failure(pid: int, exitcode: int, timestamp: int = 100):
     return failure
 
 
-def test_the_rank_that_exited_first_is_named_first_whatever_its_number():
+def test_the_rank_that_exited_first_is_named_first():
+    """Whatever its rank number."""
     # Rank 1 failed (exit 3) 40 ms before rank 0 lost its peer (exit 1): the launcher's timestamps tie (seconds).
     failures = {0: _failure(pid=10, exitcode=1), 1: _failure(pid=11, exitcode=3)}
     assert script_failure(failures, {10: 5.04, 11: 5.0}) == (
@@ -108,7 +111,7 @@ def test_the_rank_that_exited_first_is_named_first_whatever_its_number():
                                                                     "SIGKILL")
 
 
-def test_the_script_s_arguments_are_passed_on_untouched():
+def test_the_script_arguments_pass_on_untouched():
     assert split_command(["hardware=multi_cpu", "gpu_ids=[0,1]", "train.py", "--lr=3", "x=1"]) == (
         ["hardware=multi_cpu", "gpu_ids=[0,1]"], ["train.py", "--lr=3", "x=1"])
     assert split_command(["-m", "pkg.train", "--a"]) == ([], ["-m", "pkg.train", "--a"])
@@ -136,7 +139,8 @@ SMALL = ("data.num_train=256", "data.num_validation=64", "trainer.batch_size=32"
          "trainer.log_every_steps=1", "trainer.progress_bar=false")
 
 
-def test_srun_tasks_are_the_ranks_of_one_run_with_one_run_dir(tmp_path):
+def test_srun_tasks_are_the_ranks_of_one_run(tmp_path):
+    """Both tasks agree on one run dir."""
     results = _srun(2, "hardware=multi_cpu", *SMALL, cwd=tmp_path)
     for result in results:
         assert result.returncode == 0, result.stderr
@@ -146,7 +150,8 @@ def test_srun_tasks_are_the_ranks_of_one_run_with_one_run_dir(tmp_path):
     assert [row["step"] for row in read_jsonl(run_dir / "metrics.jsonl") if "train/loss" in row] == [1, 2]
 
 
-def test_more_srun_tasks_than_the_hardware_asks_for_is_refused_not_run_twice(tmp_path):
+def test_extra_srun_tasks_are_refused_not_run_twice(tmp_path):
+    """More srun tasks than the hardware asks for (2 for hardware=cpu): refused, and no run dir."""
     results = _srun(2, *SMALL, cwd=tmp_path)  # hardware=cpu: one process
     for result in results:
         assert result.returncode == 1
@@ -154,7 +159,8 @@ def test_more_srun_tasks_than_the_hardware_asks_for_is_refused_not_run_twice(tmp
     assert run_dirs_under(tmp_path) == []
 
 
-def test_a_rank_that_crashes_once_is_restarted_and_the_run_ends_as_if_it_never_had(tmp_path):
+def test_a_restarted_rank_ends_as_if_it_never_crashed(tmp_path):
+    """A rank that crashes once is restarted (max_restarts=1); the run ends with the uninterrupted run's weights."""
     from safetensors.torch import load_file
 
     run = ("hardware=multi_cpu", "hardware.start_method=fork", *SMALL, "trainer.max_steps=8",
@@ -176,7 +182,8 @@ def test_a_rank_that_crashes_once_is_restarted_and_the_run_ends_as_if_it_never_h
         assert torch.equal(load_file(crashed.run_dir() / "export" / "final.safetensors")[name], value), name
 
 
-def test_a_run_restarted_by_torchrun_resumes_instead_of_refusing_its_own_checkpoints(tmp_path, monkeypatch):
+def test_a_torchrun_restart_resumes_not_refuses(tmp_path, monkeypatch):
+    """Restarted by torchrun, a run resumes from its own checkpoints instead of refusing them (no resume= given)."""
     from runner.commands.cli import main
 
     monkeypatch.chdir(tmp_path)
@@ -187,7 +194,8 @@ def test_a_run_restarted_by_torchrun_resumes_instead_of_refusing_its_own_checkpo
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signals are Linux's")
-def test_kill_9_of_the_launcher_leaves_no_rank_of_the_script_alive(tmp_path):
+def test_kill_9_of_the_launcher_leaves_no_rank_alive(tmp_path):
+    """No rank of the launched script outlives it."""
     import signal
     import time
 
@@ -214,7 +222,8 @@ def test_kill_9_of_the_launcher_leaves_no_rank_of_the_script_alive(tmp_path):
                 pass
 
 
-def test_rank_exec_refuses_to_start_a_rank_whose_launcher_is_already_gone(tmp_path):
+def test_rank_exec_refuses_when_the_launcher_is_gone(tmp_path):
+    """It does not start the rank at all."""
     done = _run("-m", "runner.launch.rank_exec", "1", "-c", "print('started')", cwd=tmp_path)  # pid 1 is not our parent
     assert done.returncode == 1
     assert "started" not in done.stdout

@@ -46,7 +46,8 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def test_two_worker_processes_really_run_and_only_rank_0_writes_shared_files(cli):
+def test_only_rank_0_of_two_workers_writes_shared(cli):
+    """Two distinct worker processes really run; only rank 0 writes the shared files and the console."""
     # 288 rows: a dataset no other test generated, so its generation shows up in the output.
     result = cli(*FORK, "data.num_validation=63", "data.num_train=288", "trainer.batch_size=48",
                  "trainer.max_steps=4", "trainer.log_every_steps=2")  # with the progress bar
@@ -73,7 +74,8 @@ def test_two_worker_processes_really_run_and_only_rank_0_writes_shared_files(cli
     assert (run_dir / "checkpoints" / "latest").read_text() == "step_00000004"
 
 
-def test_a_table_is_read_into_the_datasets_cache_once_by_the_launcher_and_the_ranks_reuse_it(cli, tmp_path):
+def test_a_table_is_cached_once_and_ranks_reuse_it(cli, tmp_path):
+    """The launcher reads the table into the datasets cache once; no rank builds it again."""
     # 97 rows: a table no other test read, so its conversion into the datasets cache shows up in the output.
     rows = "".join(f"{i % 7}.5,{(i * 3) % 11}.25,{'ab'[i % 2]}\n" for i in range(97))
     (tmp_path / "table.csv").write_text("width,depth,kind\n" + rows)
@@ -88,7 +90,8 @@ def test_a_table_is_read_into_the_datasets_cache_once_by_the_launcher_and_the_ra
         assert "Generating" not in stderr.read_text()
 
 
-def test_a_failing_rank_stops_the_group_names_itself_and_leaves_no_process(cli):
+def test_a_failing_rank_is_named_and_stops_the_group(cli):
+    """The message names the rank and its log; no process of the group is left behind."""
     result = cli(*FORK, *SMALL, *FAULTY, "data.num_train=256", "trainer.batch_size=32", "+model.fail_rank=1",
                  "+model.fail_at_forward=3", "hardware.shutdown_timeout_s=5", env=HELPERS_ENV,
                  timeout=WAIT_S)  # ends well before rank 0's collective timeout (hardware.timeout_s, 600 s)
@@ -142,7 +145,8 @@ def test_two_runs_at_once_do_not_collide(tmp_path):
         assert "final val/loss=" in output
 
 
-def test_a_sweep_runs_each_job_as_its_own_process_group(cli):
+def test_a_sweep_runs_each_job_in_its_own_group(cli):
+    """Each job gets a process group of fresh workers."""
     result = cli("-m", *FORK, *SMALL, "data.num_train=256", "trainer.batch_size=32", "trainer.max_steps=2",
                  "optimizer.lr=0.1,0.01")
     assert result.returncode == 0, result.output
@@ -173,8 +177,8 @@ TOKENS_PER_STEP = 64 * 12  # the terms each step's gradient sums: 64 sequences o
 
 
 @pytest.mark.parametrize("processes, start", [(2, "spawn"), (4, "fork")])
-def test_the_same_command_trains_the_same_weights_on_any_number_of_processes(cli, tmp_path, one_process_reference,
-                                                                              processes, start):
+def test_any_process_count_trains_the_same_weights(cli, tmp_path, one_process_reference, processes, start):
+    """The same command, on 2 (spawn) or 4 (fork) processes, ends with one process's weights."""
     result = cli("hardware=multi_cpu", f"hardware.num_processes={processes}", f"hardware.start_method={start}",
                  *INVARIANT)
     assert result.returncode == 0, result.output
@@ -202,7 +206,8 @@ def test_the_same_command_trains_the_same_weights_on_any_number_of_processes(cli
         assert abs(several - single) <= reordered_sum_bound(63 * 12, abs(single)), (tag, several, single)
 
 
-def test_a_global_batch_the_processes_cannot_share_is_refused(cli):
+def test_an_unshareable_global_batch_is_refused(cli):
+    """A global batch the processes cannot share evenly (30 over 4) is refused."""
     result = cli("hardware=multi_cpu", "hardware.num_processes=4", "trainer.batch_size=30", *SMALL)
     assert result.returncode == 1
     assert ("trainer.batch_size: is 30, the global batch, which 4 processes cannot share evenly; use a multiple of "
@@ -216,7 +221,8 @@ def _torchrun(*arguments: str, cwd: Path) -> subprocess.CompletedProcess:
                           text=True, timeout=600)
 
 
-def test_torchrun_starts_the_ranks_and_they_share_one_run_dir(tmp_path):
+def test_torchrun_ranks_share_one_run_dir(tmp_path):
+    """torchrun starts the ranks (no respawn: its processes are the workers)."""
     result = _torchrun("hardware=multi_cpu", *SMALL, "data.num_train=256", "trainer.batch_size=32",
                        "trainer.max_steps=2", "trainer.log_every_steps=1", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -229,7 +235,7 @@ def test_torchrun_starts_the_ranks_and_they_share_one_run_dir(tmp_path):
     assert (run_dir / "runner_rank1.log").read_text().count("run dir: ") == 1
 
 
-def test_torchrun_sweep_keeps_one_process_group_across_jobs(tmp_path):
+def test_torchrun_sweep_keeps_one_group_across_jobs(tmp_path):
     result = _torchrun("-m", "hardware=multi_cpu", *SMALL, "data.num_train=256", "trainer.batch_size=32",
                        "trainer.max_steps=1", "optimizer.lr=0.1,0.01", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -280,7 +286,8 @@ def test_two_machines_meet_at_machine_0s_rendezvous(tmp_path):
     assert finals[0] == finals[1]  # both machines return the same gathered metrics
 
 
-def test_machines_with_different_configs_refuse_to_train_and_show_the_diff(tmp_path):
+def test_machines_with_different_configs_refuse(tmp_path):
+    """Each machine refuses to train and shows the diff against rank 0's config."""
     results = _two_machines(tmp_path, "optimizer.lr=0.5")
     for code, output, _ in results:
         assert code == 1, output
@@ -289,7 +296,8 @@ def test_machines_with_different_configs_refuse_to_train_and_show_the_diff(tmp_p
         assert "every machine must run the same command" in output
 
 
-def test_a_model_with_an_unused_parameter_needs_find_unused_parameters_and_then_trains(cli, tmp_path):
+def test_unused_parameters_need_find_unused_to_train(cli, tmp_path):
+    """A model with an unused parameter fails naming parallel.find_unused_parameters, then trains with it set."""
     unused = ("model._target_=dist_helpers.WithAnUnusedLayer", "allowed_targets=[runner.,torch.,dist_helpers.]",
               *FORK, *SMALL, "data.num_train=256", "trainer.max_steps=3")
     (tmp_path / "plain").mkdir()
@@ -303,7 +311,8 @@ def test_a_model_with_an_unused_parameter_needs_find_unused_parameters_and_then_
     assert [step for step, _ in read_scalars(told.run_dir(), "val/accuracy")] == [3]
 
 
-def test_a_rank_that_fails_before_training_keeps_the_log_its_message_names(cli):
+def test_a_failed_start_keeps_only_the_named_log(cli):
+    """A rank that fails before training: its message names its log, the one file left behind."""
     result = cli(*FORK, *SMALL, "model._target_=dist_helpers.FailsToBuild", "+model.build_fail_rank=1",
                  "allowed_targets=[runner.,torch.,dist_helpers.]", "hardware.shutdown_timeout_s=5", env=HELPERS_ENV)
     assert result.returncode == 1, result.output

@@ -26,7 +26,8 @@ class DictStore:
         return int(self.data[key])
 
 
-def test_the_heartbeat_limit_is_a_tenth_of_hardware_timeout_s_within_bounds():
+def test_heartbeat_limit_is_a_tenth_of_timeout_s():
+    """A tenth of hardware.timeout_s, never below 10 s nor above the timeout itself."""
     assert stale_after(600) == 60  # the default timeout: a loaded machine's beat thread is not cut off at 10 s
     assert stale_after(30) == 10  # never below 10 s
     assert stale_after(5) == 5  # never above the timeout itself

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def test_machine_1_resuming_machine_0_s_checkpoint_is_an_exact_continuation(tmp_path, caplog):
+def test_machine_1_resumes_machine_0s_checkpoint(tmp_path, caplog):
+    """As an exact continuation (no warning); any other config difference still warns."""
     from checkpoint_helpers import RESOLVED, checkpointer_in, save_step, trained_objects
     from runner.launch.worker import as_machine_0
     from runner.training.checkpointer import restore

@@ -174,7 +174,7 @@ NEEDS_NO_MLFLOW = {"an optional logger not installed"}
         pytest.mark.skipif(case[0] in NEEDS_NO_MLFLOW and __import__("importlib").util.find_spec("mlflow") is not None,
                            reason="asserts the message of a machine without mlflow")])
     for case in CASES], ids=[case[0] for case in CASES])
-def test_bad_input_names_the_key_and_leaves_every_file_as_it_was(user_folder, capsys, name, arguments, key, phrase):
+def test_bad_input_names_the_key_and_changes_no_file(user_folder, capsys, name, arguments, key, phrase):
     before = _snapshot(user_folder)
     with pytest.raises(SystemExit) as exit_info:
         main([*TINY_FOR(arguments), *arguments])  # the case last: it wins
@@ -204,7 +204,7 @@ def test_every_problem_is_reported_at_once(user_folder, capsys):
         assert text in err
 
 
-def test_an_existing_empty_folder_is_kept_when_the_run_fails(user_folder, capsys):
+def test_failed_run_keeps_an_existing_empty_folder(user_folder, capsys):
     (user_folder / "experiments").mkdir()
     with pytest.raises(SystemExit):
         main(["hydra.run.dir=experiments", "trainer.batch_size=0"])
@@ -212,7 +212,8 @@ def test_an_existing_empty_folder_is_kept_when_the_run_fails(user_folder, capsys
     assert (user_folder / "experiments").is_dir() and not any((user_folder / "experiments").iterdir())
 
 
-def test_a_failure_before_training_in_a_new_nested_run_dir_removes_exactly_the_folders_it_made(user_folder):
+def test_early_failure_removes_only_the_dirs_it_made(user_folder):
+    """A failure before training, in a new nested run dir, removes exactly the folders it made."""
     (user_folder / "projects").mkdir()
     (user_folder / "projects" / "README.md").write_text("mine\n")
     with pytest.raises(SystemExit):
@@ -220,7 +221,8 @@ def test_a_failure_before_training_in_a_new_nested_run_dir_removes_exactly_the_f
     assert sorted(path.name for path in (user_folder / "projects").iterdir()) == ["README.md"]
 
 
-def test_a_second_run_into_a_busy_run_dir_is_refused_naming_the_holder(user_folder, capsys):
+def test_busy_run_dir_is_refused_naming_the_holder(user_folder, capsys):
+    """A second run into a busy run dir is refused."""
     from runner.run.rundir import inspect
 
     holder = inspect(user_folder / "busy")
@@ -236,7 +238,8 @@ def test_a_second_run_into_a_busy_run_dir_is_refused_naming_the_holder(user_fold
     assert not (user_folder / "busy" / ".hydra").exists()  # refused before Hydra wrote its record into it
 
 
-def test_a_data_error_in_a_subprocess_exits_1_with_one_paragraph_and_no_run_dir(user_folder):
+def test_data_error_exits_1_with_one_paragraph(user_folder):
+    """In a subprocess, and no run dir is left."""
     result = run_cli("recipe=tabular_csv", "data.train=words.csv", cwd=user_folder)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1].startswith("runner: error: data.train: words.csv, column 'b' is "
@@ -244,7 +247,8 @@ def test_a_data_error_in_a_subprocess_exits_1_with_one_paragraph_and_no_run_dir(
     assert "Traceback" not in result.output and not (user_folder / "outputs").exists()
 
 
-def test_a_data_error_on_two_processes_is_one_paragraph_naming_the_key(user_folder):
+def test_two_process_data_error_names_the_key(user_folder):
+    """On two processes: one paragraph, naming the key."""
     result = run_cli("recipe=tabular_csv", "data.train=six_classes.csv", "model.out_features=3", "hardware=multi_cpu",
                      "hardware.start_method=fork", "trainer.progress_bar=false", cwd=user_folder)
     assert result.returncode == 1, result.output

@@ -92,7 +92,8 @@ def monkeypatch_module():
     patcher.undo()
 
 
-def test_every_recipe_with_every_group_option_builds_or_is_a_listed_incompatible_pair(matrix):
+def test_every_recipe_option_builds_or_is_listed(matrix):
+    """Every recipe with every group option builds, or is a listed incompatible pair."""
     expected = yaml.safe_load(EXPECTED.read_text())
     assert set(expected) == set(_recipes())
     for (recipe, group, option), err in matrix.items():
@@ -106,7 +107,8 @@ def test_every_recipe_with_every_group_option_builds_or_is_a_listed_incompatible
             assert f"recipe={recipe} and {group}={option} do not go together" in str(err), str(err)
 
 
-def test_what_this_machine_lacks_is_the_same_message_for_every_recipe(matrix):
+def test_missing_hardware_reads_the_same_per_recipe(matrix):
+    """What this machine lacks (a CUDA GPU, torch_xla) is the same message for every recipe."""
     for (recipe, group, option), err in matrix.items():
         if option in MACHINE.get(group, ()) and group in ("hardware", "precision"):
             assert err is not None and any(word in str(err) for word in ("CUDA GPU", "torch_xla")), (recipe, option)

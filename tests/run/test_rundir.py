@@ -5,7 +5,8 @@ from __future__ import annotations
 from runner.run import rundir
 
 
-def test_a_failed_start_removes_the_new_run_dir_but_keeps_the_named_log(tmp_path):
+def test_failed_start_keeps_only_the_named_log(tmp_path):
+    """A failed start removes the new run dir but keeps the log named to keep."""
     run_dir = rundir.inspect(tmp_path / "outputs" / "day" / "run")
     (run_dir.path / ".hydra").mkdir()
     (run_dir.path / ".hydra" / "config.yaml").write_text("a: 1\n")
@@ -19,7 +20,8 @@ def test_a_failed_start_removes_the_new_run_dir_but_keeps_the_named_log(tmp_path
     assert rundir.inspect(run_dir.path).state is rundir.RunDirState.runner
 
 
-def test_without_files_to_keep_a_failed_start_leaves_no_trace(tmp_path):
+def test_failed_start_leaves_no_trace_by_default(tmp_path):
+    """Without files to keep, nothing is left."""
     run_dir = rundir.inspect(tmp_path / "outputs" / "day" / "run")
     (run_dir.path / "runner_rank1.log").write_text("rank 1 failed\n")
     run_dir.remove_what_this_run_created()
@@ -42,7 +44,8 @@ def _failed_run(tmp_path, monkeypatch, err, capsys) -> str:
     return capsys.readouterr().err
 
 
-def test_a_refusal_resume_auto_would_repeat_does_not_suggest_resume_auto(tmp_path, monkeypatch, capsys):
+def test_unfixable_refusal_does_not_suggest_resume(tmp_path, monkeypatch, capsys):
+    """A refusal that resume=auto would repeat does not suggest resume=auto."""
     from runner.errors import LaunchError, ResumeRefused
 
     refused = ResumeRefused("resume: step_8 was written by a run with 2 process(es) and this run has 1")
@@ -54,7 +57,8 @@ def test_a_refusal_resume_auto_would_repeat_does_not_suggest_resume_auto(tmp_pat
     assert "resume=auto" not in _failed_run(tmp_path / "b", monkeypatch, relayed, capsys)
 
 
-def test_a_failure_resume_auto_can_get_past_suggests_it(tmp_path, monkeypatch, capsys):
+def test_fixable_failure_suggests_resume_auto(tmp_path, monkeypatch, capsys):
+    """A failure that resume=auto can get past suggests it."""
     from runner.errors import DiskFull
 
     printed = _failed_run(tmp_path, monkeypatch, DiskFull("no space left on the disk"), capsys)
@@ -62,7 +66,8 @@ def test_a_failure_resume_auto_can_get_past_suggests_it(tmp_path, monkeypatch, c
                             f"hydra.run.dir={tmp_path / 'run'}\n")
 
 
-def test_a_tampered_state_and_another_process_count_are_refusals_resume_auto_cannot_fix(tmp_path):
+def test_tampering_and_process_count_are_unfixable(tmp_path):
+    """A tampered state and another process count are refusals resume=auto cannot fix."""
     import json
 
     import pytest

@@ -58,7 +58,8 @@ def request(**changes) -> slurm.Request:
     return slurm.Request(**{**settings, **changes})
 
 
-def test_sinfo_output_gives_the_partitions_nodes_and_time_limit():
+def test_sinfo_output_gives_nodes_and_time_limit():
+    """sinfo and scontrol output give each partition's nodes and time limit."""
     default = slurm.parse_sinfo(SINFO, None)
     assert default.name == "debug" and default.time_limit_min == 60
     assert default.nodes == (slurm.Node("node01", 4, 15884, 0),)
@@ -81,7 +82,8 @@ def test_gpus_from_a_nodes_generic_resources(gres, gpus):
     assert slurm.parse_gpus(gres) == gpus
 
 
-def test_a_request_the_partition_cannot_meet_is_refused_naming_the_request_and_the_limits():
+def test_unmeetable_request_names_it_and_the_limits():
+    """A request the partition cannot meet is refused, naming the request and the partition's limits."""
     with pytest.raises(LaunchError) as refused:
         slurm.check_partition(request(), run=recorded())
     message = str(refused.value)
@@ -93,7 +95,8 @@ def test_a_request_the_partition_cannot_meet_is_refused_naming_the_request_and_t
     assert "would pend forever" in message and "hydra.launcher.partition=NAME" in message
 
 
-def test_a_request_above_the_partitions_per_job_cap_is_refused_and_one_that_fits_passes():
+def test_request_above_per_job_cap_is_refused():
+    """Above the partition's per-job cap (MaxCPUsPerNode) is refused; a request that fits passes."""
     with pytest.raises(LaunchError, match="32 CPUs per node is above its MaxCPUsPerNode") as refused:
         slurm.check_partition(request(partition="gpu", cpus_per_task=32, gpus_per_node=4), run=recorded(
             scontrol=SCONTROL_GPU))
@@ -104,13 +107,13 @@ def test_a_request_above_the_partitions_per_job_cap_is_refused_and_one_that_fits
     assert slurm.check_partition(small, run=recorded()).name == "debug"
 
 
-def test_an_unknown_partition_lists_the_ones_sinfo_knows():
+def test_unknown_partition_lists_the_known_ones():
     with pytest.raises(LaunchError, match=r"hydra.launcher.partition: sinfo lists no partition gpux; the partitions "
                                           r"are debug\*, gpu, long"):
         slurm.check_partition(request(partition="gpux"), run=recorded())
 
 
-def test_without_sinfo_the_check_is_skipped_with_a_log_line(monkeypatch, caplog):
+def test_no_sinfo_skips_the_check_with_a_log_line(monkeypatch, caplog):
     monkeypatch.setenv("PATH", "/nonexistent")
     with caplog.at_level(logging.INFO, logger="runner"):
         assert slurm.check_partition(request()) is None
@@ -136,7 +139,8 @@ def test_the_slurm_request_follows_the_hardware_group(hardware, cpus, mem_gb, gp
     assert explicit.cpus_per_task == 6  # a number set on the command line wins
 
 
-def test_several_tasks_per_trial_are_refused_pointing_at_srun(capsys):
+def test_several_tasks_per_trial_point_to_srun(capsys):
+    """Several tasks per trial are refused, pointing at srun."""
     with pytest.raises(SystemExit) as exit_info:
         check_slurm_request(_slurm_sweep_config("hydra.launcher.tasks_per_node=2"))
     err = capsys.readouterr().err
@@ -146,7 +150,8 @@ def test_several_tasks_per_trial_are_refused_pointing_at_srun(capsys):
     assert "hardware=multi_gpu hardware.num_processes=2" in err and "srun -n 2 python -m runner" in err
 
 
-def test_several_nodes_per_trial_need_the_multi_machine_overrides(capsys, monkeypatch):
+def test_several_nodes_need_multi_machine_overrides(capsys, monkeypatch):
+    """Several nodes per trial need hardware.num_machines and the other multi-machine overrides."""
     with pytest.raises(SystemExit):
         check_slurm_request(_slurm_sweep_config("hydra.launcher.nodes=2"))
     assert "hydra.launcher.nodes is 2, but hardware.num_machines is 1" in capsys.readouterr().err
@@ -155,7 +160,8 @@ def test_several_nodes_per_trial_need_the_multi_machine_overrides(capsys, monkey
                                             "hardware.num_processes=4", "hardware.num_machines=${oc.env:SLURM_NNODES}"))
 
 
-def test_multi_gpu_without_a_process_count_is_refused_under_slurm(capsys):
+def test_slurm_refuses_multi_gpu_without_processes(capsys):
+    """hardware=multi_gpu without hardware.num_processes is refused under hydra/launcher=slurm."""
     with pytest.raises(SystemExit):
         check_slurm_request(_slurm_sweep_config("hardware=multi_gpu"))
     assert "hardware.num_processes: hardware=multi_gpu under hydra/launcher=slurm needs" in capsys.readouterr().err
@@ -164,7 +170,8 @@ def test_multi_gpu_without_a_process_count_is_refused_under_slurm(capsys):
 FAKE_COMMAND = "#!/bin/sh\ncat {path}\n"
 
 
-def test_a_sweep_whose_request_cannot_be_met_stops_within_seconds_and_submits_nothing(tmp_path):
+def test_unmeetable_sweep_submits_nothing(tmp_path):
+    """A sweep whose request cannot be met stops within seconds and submits nothing."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, text in (("sinfo", SINFO), ("scontrol", "")):

@@ -29,7 +29,8 @@ def make_job(sweep: Path, job: int, overrides: list[str], *, losses: list[float]
     return result
 
 
-def test_job_result_reads_final_best_and_steps_from_metrics_jsonl(tmp_path):
+def test_job_result_reads_final_best_and_steps(tmp_path):
+    """From the job's metrics.jsonl."""
     result = make_job(tmp_path, 0, ["optimizer.lr=0.001"], losses=[2.0, 1.0, 1.5])
     assert result.status == JobStatus.completed
     assert result.value == 1.5  # what the job returned: the final monitored value
@@ -52,7 +53,8 @@ def test_failed_job_records_its_error(tmp_path):
     assert result.params == {"model.d_model": 30}
 
 
-def test_report_ranks_by_the_monitor_in_its_mode_and_puts_failures_last(tmp_path):
+def test_report_ranks_by_monitor_with_failures_last(tmp_path):
+    """Ranked by the monitor in its mode (min here); failed jobs come last."""
     make_job(tmp_path, 0, ["optimizer.lr=0.1", "data.num_train=256"], losses=[3.0])
     make_job(tmp_path, 1, ["optimizer.lr=0.01", "data.num_train=256"], losses=[1.0])
     make_job(tmp_path, 2, ["optimizer.lr=-1", "data.num_train=256"], error=ValueError("Invalid learning rate: -1"))
@@ -100,7 +102,8 @@ def test_markdown_escapes_pipes_and_newlines_in_errors(tmp_path):
     assert "RuntimeError: a \\| b second line" in markdown
 
 
-def test_finished_result_matches_overrides_ignoring_resume(tmp_path):
+def test_finished_result_matches_all_but_resume(tmp_path):
+    """A finished result matches the job's overrides, whatever resume= is; a failed or absent job never does."""
     make_job(tmp_path, 0, ["optimizer.lr=0.1"], losses=[1.0])
     make_job(tmp_path, 1, ["optimizer.lr=0.2"], error=RuntimeError("boom"))
     assert report.finished_result(tmp_path / "0", ["optimizer.lr=0.1", "resume=auto"]).value == 1.0
@@ -136,8 +139,9 @@ def test_hparams_session_reads_back_from_tensorboard(tmp_path):
     assert events.Scalars("steps")[0].value == 2
 
 
-def test_a_job_one_of_whose_processes_failed_is_failed_whatever_result_json_says(tmp_path):
-    """Two SLURM tasks ran one trial: the one refused wrote its failure, then the one that trained "completed"."""
+def test_a_job_with_a_failed_process_is_failed(tmp_path):
+    """Two SLURM tasks ran one trial: the one refused wrote its failure, then the one that trained "completed".
+    The job is failed whatever its result.json says."""
     make_job(tmp_path, 0, ["seed=0"], losses=[2.0])
     refused = make_job(tmp_path, 1, ["seed=1"], error=RuntimeError("another run holds this run dir"))
     report.write_process_failure(refused)
@@ -154,7 +158,8 @@ def test_a_job_one_of_whose_processes_failed_is_failed_whatever_result_json_says
     assert report.finished_result(make_job_dir, ["seed=1"]).value == 1.0
 
 
-def test_a_failed_process_with_no_result_json_at_all_is_a_failed_row(tmp_path):
+def test_a_failed_process_alone_is_a_failed_row(tmp_path):
+    """The job has no result.json at all, only its process's failure."""
     failure = make_job(tmp_path, 0, ["seed=0"], error=RuntimeError("rank 1 ran out of memory"))
     (tmp_path / "0" / report.RESULT_FILE).unlink()
     report.write_process_failure(failure)

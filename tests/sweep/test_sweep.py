@@ -23,7 +23,7 @@ def report_rows(sweep_dir) -> list[dict]:
         return list(csv.DictReader(handle))
 
 
-def test_grid_runs_every_combination_and_the_report_ranks_them(cli):
+def test_grid_runs_every_combination_and_ranks_them(cli):
     result = cli("-m", *FAST, "optimizer.lr=1e-3,3e-4", "precision=fp32,bf16",
                  "trainer.monitor=val/loss", "trainer.monitor_mode=min")
     assert result.returncode == 0, result.output
@@ -51,7 +51,8 @@ def test_grid_runs_every_combination_and_the_report_ranks_them(cli):
     assert sorted(path.name for path in (sweep / "tensorboard").iterdir()) == ["0", "1", "2", "3"]
 
 
-def test_a_failing_trial_is_recorded_the_sweep_goes_on_and_a_rerun_skips_finished_jobs(cli):
+def test_a_failing_trial_does_not_stop_the_sweep(cli):
+    """The failed trial is recorded in the report; a rerun with resume=auto skips the finished jobs."""
     sweep = "outputs/multirun/fixed"
     # nhead=4 does not divide 30: job 0 fails while building its model; job 1 still runs.
     first = cli("-m", *FAST, "model.d_model=30,32", f"hydra.sweep.dir={sweep}")
@@ -79,7 +80,7 @@ def test_a_failing_trial_is_recorded_the_sweep_goes_on_and_a_rerun_skips_finishe
 
 
 @pytest.mark.slow
-def test_optuna_search_runs_trials_and_resumes_its_study(cli):
+def test_optuna_runs_trials_and_resumes_its_study(cli):
     import optuna  # the test extra installs the sweeps extra
     search = (*FAST, "hparams_search=lr_width", "hydra.sweeper.n_trials=3")
     first = cli(*search)
@@ -113,7 +114,8 @@ def test_optuna_search_runs_trials_and_resumes_its_study(cli):
 
 
 @pytest.mark.slow
-def test_joblib_launcher_runs_two_jobs_in_parallel_processes_including_multi_cpu(cli):
+def test_joblib_runs_jobs_in_parallel_processes(cli):
+    """Two jobs, hardware=cpu and multi_cpu (whose ranks start from inside a loky worker)."""
     result = cli("-m", *FAST, "hydra/launcher=parallel", "hardware=cpu,multi_cpu")
     assert result.returncode == 0, result.output
     assert "Joblib.Parallel(n_jobs=2" in result.output
@@ -126,7 +128,7 @@ def test_joblib_launcher_runs_two_jobs_in_parallel_processes_including_multi_cpu
 
 
 @pytest.mark.slow
-def test_submitit_local_launcher_runs_the_slurm_code_path(cli):
+def test_submitit_local_runs_the_slurm_code_path(cli):
     result = cli("-m", *FAST, "hydra/launcher=slurm_local", "optimizer.lr=1e-3,3e-4")
     assert result.returncode == 0, result.output
     (sweep,) = sweep_dirs(result)
@@ -190,7 +192,8 @@ def _job_config(tmp_path, job: int) -> "object":
     })
 
 
-def test_a_rank_that_fails_marks_the_job_failed_though_rank_0_completed(tmp_path, monkeypatch):
+def test_one_failed_rank_fails_the_whole_job(tmp_path, monkeypatch):
+    """Even though rank 0, which owns result.json, completed."""
     from hydra.core.utils import JobReturn, JobStatus
     from hydra.types import RunMode
 

@@ -69,7 +69,8 @@ def run(tmp_path_factory):
         monkeypatch.undo()
 
 
-def test_early_stopping_ends_the_run_saves_it_and_records_why(run):
+def test_early_stopping_saves_and_records_why(run):
+    """Early stopping ends the run, saves it and records why."""
     run_dir, _ = run
     result = json.loads((run_dir / "result.json").read_text())
     reason = ("early stopping at step 2: val/accuracy did not improve by more than 10 for 1 evaluation(s); best "
@@ -84,7 +85,8 @@ def test_early_stopping_ends_the_run_saves_it_and_records_why(run):
                                                             "bad_evaluations": 1}
 
 
-def test_ema_is_evaluated_and_exported_apart_from_the_final_weights(run):
+def test_ema_is_evaluated_and_exported_separately(run):
+    """The EMA weights are evaluated and exported apart from the final weights."""
     from safetensors.torch import load_file
 
     run_dir, _ = run
@@ -96,7 +98,8 @@ def test_ema_is_evaluated_and_exported_apart_from_the_final_weights(run):
     assert shadow["updates"] == 2 and len(shadow["shadow"]) == len(ema)
 
 
-def test_learning_rate_throughput_and_the_profiler_trace(run):
+def test_lr_throughput_and_trace_are_recorded(run):
+    """The learning rate, throughput and the profiler trace."""
     run_dir, _ = run
     lr = read_scalars(run_dir, "train/lr_group0")
     assert [step for step, _ in lr] == [1, 2] and lr == read_scalars(run_dir, "train/lr")
@@ -108,7 +111,8 @@ def test_learning_rate_throughput_and_the_profiler_trace(run):
     assert {"ProfilerStep#1", "ProfilerStep#2"} <= names  # warm-up step 1, then recording until the stop
 
 
-def test_a_users_callback_from_the_working_directory_gets_every_hook_in_order(run):
+def test_user_callback_gets_every_hook_in_order(run):
+    """A user's callback from the working directory."""
     _, calls = run
     metrics = ["val/accuracy", "val/loss"]
     # A step's events in the documented order: on_step_end, then evaluation, then the checkpoint.
@@ -154,7 +158,8 @@ def test_early_stopping_refuses_bad_settings(arguments, message):
         EarlyStopping(**arguments)
 
 
-def test_callback_state_travels_with_the_loop_state_so_a_resumed_run_continues_it():
+def test_callback_state_is_resumed_with_the_loop():
+    """Callback state travels with the loop state, so a resumed run continues it."""
     from test_loop import _loop
 
     from runner.training.callbacks import EMA, Callbacks
@@ -174,7 +179,8 @@ def test_callback_state_travels_with_the_loop_state_so_a_resumed_run_continues_i
     assert all(torch.equal(a, b) for a, b in zip(ema.shadow, loop.callbacks.named["ema"].shadow))
 
 
-def test_ema_under_fsdp_on_several_processes_is_refused_naming_the_callback():
+def test_ema_under_multi_process_fsdp_is_refused():
+    """FSDP on several processes; the error names the callback."""
     from types import SimpleNamespace
 
     from runner.training.callbacks import EMA

@@ -17,7 +17,8 @@ from runner.training.loop import planned_steps
 from runner.training.batch_plan import BatchPlan
 
 
-def test_debug_fast_runs_two_steps_and_leaves_only_its_log(tmp_path, monkeypatch):
+def test_debug_fast_leaves_only_its_log(tmp_path, monkeypatch):
+    """debug=fast runs two steps and leaves only its log."""
     monkeypatch.chdir(tmp_path)
     main([*TINY, "debug=fast", "logger=[tensorboard,csv]", "callbacks=[ema]"])
     (run_dir,) = [path.parent for path in (tmp_path / "outputs").rglob("runner.log")]
@@ -38,12 +39,14 @@ def test_debug_fast_runs_two_steps_and_leaves_only_its_log(tmp_path, monkeypatch
     (dict(max_epochs=2, fast_dev_run=2), (10, 2)),
     (dict(max_epochs=2, max_steps=5, fast_dev_run=3), (10, 3)),
 ])
-def test_train_batch_limits_count_micro_batches_per_epoch(settings, expected):
+def test_train_batch_limits_count_micro_batches(settings, expected):
+    """The limits count micro-batches per epoch."""
     assert planned_steps(TrainerConfig(**settings), batches_per_epoch=10, accumulation=1) == expected
     assert planned_steps(TrainerConfig(max_epochs=1, limit_train_batches=4), 10, accumulation=2) == (2, 2)
 
 
-def test_limit_val_batches_evaluates_only_the_first_batches():
+def test_limit_val_batches_keeps_the_first_batches():
+    """Only the first batches are evaluated."""
     from test_loop import _loop
 
     from runner.training.tasks import Classification
@@ -61,7 +64,8 @@ def test_limit_val_batches_evaluates_only_the_first_batches():
         assert loop.task.batches == expected
 
 
-def test_overfit_batches_trains_and_evaluates_on_the_same_first_samples():
+def test_overfit_batches_reuses_the_first_samples():
+    """overfit_batches trains and evaluates on the same first samples."""
     from datasets import Dataset
 
     splits = {"train": Dataset.from_dict({"x": list(range(100))}), "validation": Dataset.from_dict({"x": [0]})}
@@ -70,7 +74,8 @@ def test_overfit_batches_trains_and_evaluates_on_the_same_first_samples():
     assert overfit_splits(splits, TrainerConfig(), BatchPlan(4, 1, 2)) is splits
 
 
-def test_deterministic_turns_on_torch_deterministic_algorithms(monkeypatch):
+def test_deterministic_turns_on_torch_determinism(monkeypatch):
+    """deterministic=true turns on torch.use_deterministic_algorithms."""
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     try:
         apply_determinism(True)
@@ -84,7 +89,8 @@ def test_deterministic_turns_on_torch_deterministic_algorithms(monkeypatch):
     assert not torch.are_deterministic_algorithms_enabled()
 
 
-def test_overfit_batches_on_data_without_rows_is_refused_naming_the_key():
+def test_overfit_batches_without_rows_is_refused():
+    """overfit_batches on data without rows is refused, naming the key."""
     from runner.data.tokens import TokenStream
     from runner.errors import ConfigError
 

@@ -17,7 +17,8 @@ TB = {"_target_": "runner.loggers.TensorBoardSink", "_partial_": True}
 CSV = {"_target_": "runner.loggers.CsvSink", "_partial_": True}
 
 
-def test_tensorboard_gets_scalars_config_run_name_and_hparams(tmp_path):
+def test_tensorboard_gets_scalars_config_and_hparams(tmp_path):
+    """The run's name, tags and notes too."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.plugins.hparams import plugin_data_pb2
 
@@ -45,8 +46,8 @@ def test_tensorboard_gets_scalars_config_run_name_and_hparams(tmp_path):
     assert session.hparams["gpu_ids"].string_value == "None"
 
 
-def test_tensorboard_hands_quick_events_over_in_batches_and_every_one_arrives_with_its_step_and_time(
-        tmp_path, monkeypatch):
+def test_tensorboard_batches_quick_events_intact(tmp_path, monkeypatch):
+    """Quick events are handed over in batches, and every one arrives with its step and time."""
     from types import SimpleNamespace
 
     import runner.training.loggers
@@ -79,7 +80,7 @@ def test_tensorboard_hands_quick_events_over_in_batches_and_every_one_arrives_wi
     assert [event.wall_time for event in scalars] == [1000.0] + [2000.0] * (len(scalars) - 1)
 
 
-def test_csv_keeps_one_row_per_step_and_widens_for_new_metrics(tmp_path):
+def test_csv_one_row_per_step_widens_for_new_metrics(tmp_path):
     sink = CsvSink(tmp_path)
     sink.log(1, {"train/loss": 2.0})
     sink.log(2, {"train/loss": 1.5})
@@ -101,7 +102,8 @@ def test_csv_keeps_one_row_per_step_and_widens_for_new_metrics(tmp_path):
         assert [(row["step"], row["train/loss"]) for row in csv.DictReader(file)] == [("1", "2.0"), ("2", "1.25")]
 
 
-def test_only_the_main_process_gets_sinks_and_jsonl_is_kept_whatever_the_list(tmp_path):
+def test_only_the_main_process_gets_sinks(tmp_path):
+    """metrics.jsonl is kept whatever the list of sinks."""
     assert isinstance(make_logger(tmp_path, is_main=False, sinks={"tensorboard": TB}), NullLogger)
     assert list(tmp_path.iterdir()) == []
     real = make_logger(tmp_path, is_main=True, sinks={"csv": CSV})
@@ -113,7 +115,7 @@ def test_only_the_main_process_gets_sinks_and_jsonl_is_kept_whatever_the_list(tm
     assert not (tmp_path / "quiet").exists()
 
 
-def test_a_sink_that_fails_to_build_closes_the_ones_built_before_it(tmp_path, monkeypatch):
+def test_failed_sink_build_closes_earlier_sinks(tmp_path, monkeypatch):
     closed = []
     for sink in (JsonlSink, TensorBoardSink):
         monkeypatch.setattr(sink, "close", lambda self, close=sink.close: (closed.append(type(self).__name__),
@@ -124,7 +126,7 @@ def test_a_sink_that_fails_to_build_closes_the_ones_built_before_it(tmp_path, mo
     assert closed == ["JsonlSink", "TensorBoardSink"]
 
 
-def test_a_metrics_file_cut_short_by_a_kill_is_read_and_resumed_without_error(tmp_path):
+def test_truncated_metrics_file_is_read_and_resumed(tmp_path):
     """kill -9 while a row was being written leaves half a line: resuming drops it, the report skips it."""
     from runner.sweep.report import read_metrics
 
@@ -137,7 +139,8 @@ def test_a_metrics_file_cut_short_by_a_kill_is_read_and_resumed_without_error(tm
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [10, 20, 30]
 
 
-def test_a_full_disk_while_logging_is_one_disk_full_error_naming_the_file(tmp_path):
+def test_full_disk_while_logging_names_the_file(tmp_path):
+    """One DiskFull error, naming the file."""
     import errno
 
     from runner.errors import DiskFull
@@ -158,7 +161,7 @@ def test_a_full_disk_while_logging_is_one_disk_full_error_naming_the_file(tmp_pa
 
 
 @pytest.mark.skipif(importlib.util.find_spec("mlflow") is not None, reason="mlflow is installed")
-def test_mlflow_without_the_package_names_the_extra_to_install(tmp_path):
+def test_missing_mlflow_names_the_extra_to_install(tmp_path):
     from runner.errors import ConfigError
 
     with pytest.raises(ConfigError) as err:
@@ -170,7 +173,8 @@ def test_mlflow_without_the_package_names_the_extra_to_install(tmp_path):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb is not installed")
-def test_wandb_offline_records_name_tags_notes_config_scalars_and_summary(tmp_path, monkeypatch):
+def test_wandb_offline_records_the_whole_run(tmp_path, monkeypatch):
+    """Name, tags, notes, config, scalars and summary."""
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     node = {"_target_": "runner.loggers.WandbSink", "_partial_": True, "project": "p", "mode": "offline"}

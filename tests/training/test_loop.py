@@ -74,7 +74,8 @@ class LossBecomesInfinite(Classification):
         return loss * float("inf") if self.calls >= self.at else loss
 
 
-def test_a_non_finite_loss_stops_the_run_at_the_next_log_step_without_saving_it():
+def test_non_finite_loss_stops_without_saving():
+    """The run stops at the next log step, without saving it."""
     loop, logger, checkpointer = _loop(TrainerConfig(max_epochs=3, batch_size=16, log_every_steps=2),
                                        task=LossBecomesInfinite(at=4), every_epoch=True)
     with pytest.raises(NonFiniteLoss, match=r"the training loss became (inf|nan) by optimizer step 4 \(the last "
@@ -84,7 +85,7 @@ def test_a_non_finite_loss_stops_the_run_at_the_next_log_step_without_saving_it(
     assert [step for step, row in logger.rows if "train/loss" in row] == [2]
 
 
-def test_on_nonfinite_skip_skips_each_bad_step_and_counts_it():
+def test_on_nonfinite_skip_skips_and_counts_steps():
     loop, logger, _ = _loop(TrainerConfig(max_epochs=1, batch_size=16, log_every_steps=4, on_nonfinite="skip"),
                             task=LossBecomesInfinite(at=3))
     before = [p.detach().clone() for p in loop.model.parameters()]
@@ -95,7 +96,7 @@ def test_on_nonfinite_skip_skips_each_bad_step_and_counts_it():
     assert any(not torch.equal(a, b) for a, b in zip(before, loop.model.parameters()))  # steps 1 and 2 happened
 
 
-def test_under_fp16_the_scaler_s_skipped_steps_are_not_an_error():
+def test_fp16_scaler_skipped_steps_are_no_error():
     """An inf loss under fp16 gives inf gradients: the grad scaler skips the step, the weights stay finite."""
 
     class OneInfiniteLoss(Classification):

@@ -31,7 +31,8 @@ def reference(tmp_path_factory) -> dict[int, Path]:
 # SIGKILL wherever the run is (mid-step, mid-save, between micro-batches); SIGTERM asks it to finish the step,
 # save and exit 75. Either way resume=auto must end where the uninterrupted run ends.
 @pytest.mark.parametrize("accumulate, stop", [(1, signal.SIGKILL), (2, signal.SIGTERM)], ids=["sigkill", "sigterm-accumulating"])
-def test_stopped_mid_epoch_then_resume_auto_is_bitwise_exact(tmp_path, reference, accumulate, stop):
+def test_mid_epoch_stop_and_resume_is_bitwise_exact(tmp_path, reference, accumulate, stop):
+    """Stopped mid-epoch (SIGKILL, or SIGTERM while accumulating), resume=auto is bitwise exact."""
     run_dir = tmp_path / "run"
     hold_after = 6 if accumulate == 1 else 3
     proc = start(tmp_path, run_dir, hold_after, f"trainer.grad_accum_steps={accumulate}")
@@ -70,7 +71,7 @@ def ddp_reference(tmp_path_factory) -> Path:
     return cwd / "run"
 
 
-def test_two_processes_killed_and_resumed_are_bitwise_exact(tmp_path, ddp_reference):
+def test_2_process_kill_and_resume_is_bitwise_exact(tmp_path, ddp_reference):
     """(A resume on another process count is refused: tests/checkpoint/test_checkpoint.py, in-process.)"""
     two, reference = TWO, ddp_reference
     run_dir = tmp_path / "run"
@@ -105,8 +106,8 @@ def assert_same_losses(run_dir: Path, reference: Path, after_step: int = 0) -> N
         assert value == pytest.approx(expected[step], rel=1e-5), step
 
 
-def test_fsdp_equals_ddp_and_one_process_is_bitwise_after_kill_9_and_reshards_2_to_1_and_1_to_2(
-        tmp_path, tmp_path_factory, reference, ddp_reference):
+def test_fsdp_is_bitwise_like_ddp_and_reshards(tmp_path, tmp_path_factory, reference, ddp_reference):
+    """FSDP equals DDP and one process bitwise after kill -9, and reshards 2 to 1 and 1 to 2."""
     # One epoch (16 steps): a checkpoint every 3, killed after one, resumed; then resharded onto one process.
     fsdp = ("hardware=multi_cpu", "hardware.start_method=fork", "parallel=fsdp", "trainer.max_epochs=1",
             "checkpoint.keep_last=null")  # every checkpoint stays: early ones are resumed below
@@ -158,7 +159,8 @@ def test_fsdp_equals_ddp_and_one_process_is_bitwise_after_kill_9_and_reshards_2_
     assert_same_losses(two, fsdp_reference, after_step=one_manifest["step"])
 
 
-def test_resuming_a_finished_run_says_so_and_does_nothing(tmp_path, reference):
+def test_resuming_a_finished_run_does_nothing(tmp_path, reference):
+    """It says the run already finished."""
     run_dir = reference[1]
     # Hydra's bookkeeping, the log and the job's result.json (the sweep callback's record) may be rewritten.
     ignored = ("runner.log", "result.json")
@@ -174,7 +176,7 @@ def test_resuming_a_finished_run_says_so_and_does_nothing(tmp_path, reference):
     assert f"val/accuracy={final['val/accuracy']:.4f}" in result.output
 
 
-def test_a_fresh_run_refuses_a_run_dir_that_holds_checkpoints(tmp_path, reference):
+def test_fresh_run_refuses_a_dir_with_checkpoints(tmp_path, reference):
     result = run_cli(*RUN, f"hydra.run.dir={reference[1]}", cwd=tmp_path)
     assert result.returncode == 1
     assert "resume: the run dir" in result.output and "continue it with resume=auto" in result.output

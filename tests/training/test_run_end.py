@@ -98,7 +98,8 @@ def _assert_same_tensors(path: Path, reference: Path) -> None:
         assert torch.equal(mine[name], expected[name]), f"{path.name}: {name} differs from the uninterrupted run"
 
 
-def test_killed_right_after_a_checkpoint_and_resumed_every_callback_ends_bitwise_as_uninterrupted(cwd):
+def test_callbacks_resume_bitwise_after_a_kill(cwd):
+    """Killed right after a checkpoint and resumed, every callback ends bitwise as uninterrupted."""
     reference = run_cli(*RUN, "hydra.run.dir=reference", cwd=cwd)
     assert reference.returncode == 0, reference.output
     run_dir = cwd / "run"
@@ -124,7 +125,7 @@ def test_killed_right_after_a_checkpoint_and_resumed_every_callback_ends_bitwise
     assert _logged(run_dir) == _logged(expected)
 
 
-def test_an_early_stop_on_a_step_just_checkpointed_still_exports(cwd, capsys):
+def test_early_stop_on_a_checkpointed_step_exports(cwd, capsys):
     # Evaluated and checkpointed every 2 steps; no improvement of 10 is possible: early stopping ends it at step 4,
     # on the step its scheduled checkpoint was just taken.
     run_dir = cwd / "run"
@@ -143,7 +144,8 @@ def test_an_early_stop_on_a_step_just_checkpointed_still_exports(cwd, capsys):
     assert recorded["status"] == "completed" and recorded["stopped_early"].startswith("early stopping at step 4")
 
 
-def test_resume_auto_on_a_finished_run_rewrites_a_deleted_export_and_says_so(cwd, capsys):
+def test_resume_auto_rewrites_a_deleted_export(cwd, capsys):
+    """On a finished run, and it says so."""
     run_dir = cwd / "run"
     run = (*TINY, "trainer.max_steps=4", "callbacks=[ema]", f"hydra.run.dir={run_dir}")
     assert run_in_process(*run, cwd=cwd, capsys=capsys).returncode == 0
@@ -173,7 +175,8 @@ def test_resume_auto_on_a_finished_run_rewrites_a_deleted_export_and_says_so(cwd
     assert "already finished with val/accuracy=" in nothing_missing.output and "lacks" not in nothing_missing.output
 
 
-def test_a_failed_final_export_is_written_by_the_resume_auto_its_message_suggests(cwd, capsys):
+def test_failed_export_is_fixed_by_suggested_resume(cwd, capsys):
+    """A failed final export is written by the resume=auto its message suggests."""
     run_dir = cwd / "run"
     run = (*TINY, "trainer.max_steps=4", f"hydra.run.dir={run_dir}",
            "+callbacks.block._target_=runhelpers.BlockFinalExport",

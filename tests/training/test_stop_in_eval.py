@@ -38,7 +38,7 @@ def stopped_in_evaluation(cwd, evaluation: int) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("evaluation, step", [(1, 10), (4, 32)], ids=["scheduled-evaluation", "final-evaluation"])
-def test_stop_during_evaluation_saves_then_resumes_exactly(tmp_path, reference, evaluation, step):
+def test_stop_in_eval_saves_then_resumes_exactly(tmp_path, reference, evaluation, step):
     stopped = stopped_in_evaluation(tmp_path, evaluation)
     output = stopped.stdout + stopped.stderr
     assert stopped.returncode == 75, output
@@ -77,7 +77,7 @@ def test_two_processes_stop_together_during_evaluation(tmp_path):
     assert_same_run(tmp_path / "run", reference_cwd / "run")
 
 
-def test_stop_during_an_epoch_end_evaluation_resumes_exactly(tmp_path):
+def test_stop_in_epoch_end_eval_resumes_exactly(tmp_path):
     """Evaluation by epoch (eval_every_steps=null): stopped in the evaluation after epoch 1 (step 16), the resumed
     run evaluates that epoch first, then trains epoch 2."""
     by_epoch = "trainer.eval_every_steps=null"

@@ -21,7 +21,7 @@ def test_classification_loss_and_exact_stats():
     assert summary["loss"] == pytest.approx(F.cross_entropy(logits, batch["label"]).item())
 
 
-def test_stats_summed_over_batches_equal_stats_of_the_whole():
+def test_batch_stats_sum_to_the_whole_stats():
     torch.manual_seed(0)
     model = MLP(4, 3, hidden=[8])
     data = {"features": torch.randn(10, 4), "label": torch.randint(0, 3, (10,))}
@@ -40,7 +40,8 @@ def test_sequence_task_counts_tokens():
     assert model(batch["source"]).shape == (3, 6, 5)
 
 
-def test_classification_and_sequence_losses_match_the_flattened_reference():
+def test_losses_match_the_flattened_cross_entropy():
+    """Classification and sequence losses match the flattened cross-entropy reference."""
     torch.manual_seed(0)
     logits2d, labels = torch.randn(6, 4), torch.randint(0, 4, (6,))
     task = Classification()
@@ -65,7 +66,8 @@ def test_low_precision_logits_give_a_float32_loss():
     assert loss.dtype == torch.float32
 
 
-def test_macro_f1_matches_scikit_learn_and_sums_over_batches():
+def test_macro_f1_matches_sklearn_over_batches():
+    """It sums over batches too."""
     from sklearn.metrics import f1_score
 
     torch.manual_seed(1)
