@@ -360,12 +360,24 @@ def _canonical(resolved: dict) -> str:
     return "\n".join(sorted(lines))
 
 
-def threads_per_process(info: DistInfo, requested: int | None) -> int:
-    """`requested`, or this machine's usable cores shared evenly among its worker processes."""
+def threads_per_process(info: DistInfo, requested: int | None) -> int | None:
+    """`requested`, or this process's share of the cores it may use; None for a lone process nothing constrains
+    (torch's own default, one thread per physical core, stands).
+
+    The cores are those SLURM gave the task when it says (SLURM_CPUS_PER_TASK: a site that does not bind tasks to
+    cores, TaskPlugin=task/none, leaves every core visible, and two jobs sharing a node would each take them all),
+    else those this process may run on. When srun's tasks are the ranks each process has its task's; when one task
+    starts this machine's workers, they share them."""
     if requested is not None:
         return requested
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // max(1, info.local_world_size))
+    slurm_cpus = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    if slurm_cpus.isdigit():
+        sharing = 1 if _slurm_step_id() is not None else max(1, info.local_world_size)
+        return max(1, min(cores, int(slurm_cpus)) // sharing)
+    if info.local_world_size <= 1:
+        return None
+    return max(1, cores // info.local_world_size)
 
 
 def exit_with_parent() -> None:

@@ -202,10 +202,14 @@ def leave_loky_start_method() -> None:
 
 
 @contextmanager
-def omp_threads_for_workers(threads: int) -> Iterator[None]:
-    """OMP_NUM_THREADS for the workers started inside this block, unless the user set it (torchrun does the same).
-    OpenMP reads it once, when torch loads, so a spawned worker needs it in its environment from the start; each
-    runner worker also calls torch.set_num_threads. A forked worker inherits this process's OpenMP state instead."""
+def omp_threads_for_workers(threads: int | None) -> Iterator[None]:
+    """OMP_NUM_THREADS for the workers started inside this block, unless the user set it (torchrun does the same;
+    None: nothing to say). OpenMP reads it once, when torch loads, so a spawned worker needs it in its environment
+    from the start; each runner worker also calls torch.set_num_threads. A forked worker inherits this process's
+    OpenMP state instead."""
+    if threads is None:
+        yield
+        return
     with _environment("OMP_NUM_THREADS", str(threads)):
         yield
 

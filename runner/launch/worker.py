@@ -81,13 +81,14 @@ def _peers(dist: DistInfo, run_dir: str, timeout_s: float):
 
 def _join(spec: RunSpec, dist: DistInfo, keep_process_group: bool) -> None:
     """This process's share of the machine's cores, and its place in the process group."""
-    hardware = spec.hardware
-    if dist.is_distributed:
-        import torch
+    import torch
 
-        torch.set_num_threads(threads_per_process(dist, hardware.threads_per_process))
-        log.info("rank %d of %d (local rank %d), pid %d, %d thread(s)", dist.rank, dist.world_size, dist.local_rank,
-                 os.getpid(), torch.get_num_threads())
+    hardware = spec.hardware
+    threads = threads_per_process(dist, hardware.threads_per_process)
+    if threads is not None:  # a lone process nothing constrains keeps torch's default
+        torch.set_num_threads(threads)
+    log.info("rank %d of %d (local rank %d), pid %d, %d thread(s)", dist.rank, dist.world_size, dist.local_rank,
+             os.getpid(), torch.get_num_threads())
     init_process_group(dist, hardware.backend, hardware.timeout_s)
     if keep_process_group:
         keep_process_group_until_exit()

@@ -34,6 +34,22 @@ def test_threads_split_the_cores_among_workers(monkeypatch):
     assert threads_per_process(DistInfo(0, 0, 8, 4), None) == 4  # 16 cores / 4 workers on this machine
     assert threads_per_process(DistInfo(0, 0, 64, 64), None) == 1
     assert threads_per_process(DistInfo(0, 0, 8, 4), 3) == 3  # an explicit setting wins
+    assert threads_per_process(DistInfo(), None) is None  # a lone process: torch's own default stands
+    assert threads_per_process(DistInfo(), 2) == 2
+
+
+def test_threads_follow_the_cpus_slurm_gave(monkeypatch):
+    """SLURM_CPUS_PER_TASK bounds a task's threads where every core is visible (no CPU binding on the node)."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    for name in ("SLURM_NTASKS", "SLURM_PROCID", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "4")
+    assert threads_per_process(DistInfo(), None) == 4  # sbatch -c 4 python -m runner: one process
+    assert threads_per_process(DistInfo(0, 0, 2, 2), None) == 2  # one task starting 2 workers: they share 4
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+    monkeypatch.setenv("SLURM_PROCID", "1")
+    assert threads_per_process(DistInfo(1, 1, 2, 2), None) == 4  # srun -n 2 -c 4: each task is a rank
+    assert threads_per_process(DistInfo(1, 1, 2, 2), 1) == 1  # an explicit setting wins
 
 
 def test_config_digest_ignores_only_the_machine_rank():

@@ -53,3 +53,24 @@ def test_library_warnings_go_to_the_log_file_only(tmp_path):
     assert "my own warning" in shown and "returned a view tensor" not in shown
     kept = (tmp_path / "runner.log").read_text()
     assert "my own warning" in kept and "returned a view tensor" in kept
+
+
+def test_one_process_takes_the_threads_it_was_given(tmp_path, monkeypatch):
+    """hardware.threads_per_process (or SLURM_CPUS_PER_TASK) applies to a one-process run too, not only to ranks:
+    two 1-CPU jobs on one node would otherwise each run a thread per core."""
+    import torch
+
+    from runner.commands.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    before = torch.get_num_threads()
+    try:
+        main(["debug=fast", "hydra.run.dir=given", "hardware.threads_per_process=1"])
+        assert torch.get_num_threads() == 1
+        assert "rank 0 of 1 (local rank 0), pid" in (tmp_path / "given" / "runner.log").read_text()
+        torch.set_num_threads(before)
+        monkeypatch.setenv("SLURM_CPUS_PER_TASK", "1")  # sbatch -c 1, nothing set in the config
+        main(["debug=fast", "hydra.run.dir=slurm"])
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
