@@ -180,6 +180,26 @@ def _block_sha256(path: Path, offset: int) -> str:
     return digest.hexdigest()
 
 
+def write_speed(directory: Path, size: int) -> float:
+    """Bytes per second of writing `size` bytes into `directory` and fsyncing them, as a checkpoint's files are
+    (one probe file, removed after). For `runner plan`'s save-time figure: a save must fit an eviction's grace period."""
+    import time
+
+    probe = directory / f".runner-write-probe-{os.getpid()}"
+    block = os.urandom(min(size, 1 << 20))
+    started = time.perf_counter()
+    try:
+        with open(probe, "wb") as handle:
+            for offset in range(0, size, len(block)):
+                handle.write(block[:size - offset])
+            handle.flush()
+            os.fsync(handle.fileno())
+        elapsed = time.perf_counter() - started
+    finally:
+        probe.unlink(missing_ok=True)
+    return size / max(elapsed, 1e-9)
+
+
 def fsync_path(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:

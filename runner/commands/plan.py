@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 def describe_run(spec) -> str:
     """What `spec` (runner.run.compose.load's RunSpec) would train, per process: the model built on the meta device (no
     data is built, unless the model's sizes come from it), its weights, gradients and optimizer state for the
     parallel setting and precision (runner/accelerate/memory.py), the batch, the steps, and whether it fits the memory of the
-    devices present."""
+    devices present, and how long saving a checkpoint takes at the write speed measured where the run dir will be."""
     import torch
 
     from runner.config.instantiate import build_data, build_model, build_optimizer
@@ -50,7 +52,25 @@ def describe_run(spec) -> str:
         batch.describe(),
         f"steps: {steps}",
         f"fits: {fits}",
+        _save_time(memory.weight_bytes + memory.optimizer_bytes, Path(spec.run_dir)),
     ])
+
+
+PROBE_BYTES = (4 << 20, 64 << 20)
+"""How much `runner plan` writes to measure the disk: the checkpoint's size, within these bounds."""
+
+
+def _save_time(checkpoint_bytes: int, run_dir: Path) -> str:
+    """The checkpoint's size per process and the time writing it takes at the write speed measured now, where the
+    run dir will be (its nearest existing folder): what an eviction's grace period must cover after a step."""
+    from runner.accelerate.memory import human
+    from runner.checkpoint.files import write_speed
+
+    where = next(folder for folder in (run_dir.resolve(), *run_dir.resolve().parents) if folder.is_dir())
+    speed = write_speed(where, min(max(checkpoint_bytes, PROBE_BYTES[0]), PROBE_BYTES[1]))
+    return (f"checkpoint: {human(checkpoint_bytes)} per process (weights and optimizer state); {human(int(speed))}/s "
+            f"measured writing to {where} -> about {checkpoint_bytes / speed:.2f} s per save (SIGTERM's grace "
+            "period must cover one optimizer step and this)")
 
 
 def main(argv: list[str] | None = None) -> int:

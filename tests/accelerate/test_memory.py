@@ -3,6 +3,8 @@ gradients and its optimizer hold (FSDP's shards on 2 processes: tests/accelerate
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -91,6 +93,12 @@ def test_runner_plan_prints_without_building_data(capsys, monkeypatch):
     assert by_epochs == ("steps: 2 epoch(s), each of (training rows / 64, the global batch) optimizer steps (the plan "
                          "builds no data; `runner recipes validate NAME` counts them)")
     assert lines[5].startswith("fits: yes, 675.2 KiB of ") and lines[5].endswith(" per process, before activations")
+    # Weights and optimizer state (the checkpoint), and the time writing them takes at the speed measured here.
+    saved = re.fullmatch(r"checkpoint: 405.2 KiB per process \(weights and optimizer state\); ([\d.]+ [KMG]?i?B)/s "
+                         r"measured writing to (\S+) -> about ([\d.]+) s per save \(SIGTERM's grace period must "
+                         r"cover one optimizer step and this\)", lines[6])
+    assert saved and Path(saved.group(2)).is_dir() and float(saved.group(3)) >= 0, lines[6]
+    assert not list(Path(saved.group(2)).glob(".runner-write-probe-*"))  # the probe file is gone
 
     cli_main(["plan", "parallel=ddp", "hardware=multi_cpu", "hardware.num_processes=2",  # `runner plan ...`
               "model.d_model=8192", "model.dim_feedforward=65536", "model.num_layers=8"])
