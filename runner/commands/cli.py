@@ -20,7 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from runner.run import rundir
 from runner.config import RunConfig
-from runner.distributed.dist import adopt_slurm_tasks, writes_run_dir
+from runner.distributed.dist import adopt_slurm_tasks, skypilot_machine_overrides, writes_run_dir
 from runner.errors import (
     INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, ConfigError, Preempted, RunnerError, exit_with, no_stray_tracebacks,
     print_error,
@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     adopt_slurm_tasks()  # srun's tasks become the ranks before anything reads RANK (the run dir, the lock)
     parser = get_args_parser()
     args = parser.parse_intermixed_args(arguments)  # `k=v -cd DIR k=v` as well as options first
+    args.overrides += skypilot_machine_overrides(args.overrides)  # a SkyPilot task's nodes are the machines
     if args.help:  # the commands first, as `accelerate --help` lists its own; then Hydra's config help
         print(commands_help())
     if any(getattr(args, flag, None) for flag in NOT_A_RUN):

@@ -131,17 +131,133 @@ def writes_run_dir(machine_rank: int) -> bool:
 
 
 def external_run_id() -> str | None:
-    """An id shared by every rank of one torchrun launch (or srun step) on this machine, or None otherwise.
+    """An id shared by every rank of one job, or None when nothing outside the runner started this process: the
+    engine's job id (see `detect_engine`), else, under torchrun with no id of its own, its agent's.
 
     torchrun's TORCHELASTIC_RUN_ID is a fresh uuid with --standalone or a single-node default rendezvous, but the
     literal "none" when --rdzv-id is not given otherwise (e.g. --master-port, several nodes): then the ranks'
-    common parent, torchrun's agent, tells launches apart."""
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
-    if run_id is None:
-        return _slurm_step_id()
-    if run_id != "none":
-        return run_id
-    return f"torchrun-{time.strftime('%Y%m%d')}-{socket.gethostname()}-{os.getppid()}"
+    common parent, torchrun's agent, tells launches apart on one machine."""
+    engine = detect_engine()
+    if engine.job_id is not None:
+        return engine.job_id
+    if engine.name == "torchrun":
+        return f"torchrun-{time.strftime('%Y%m%d')}-{socket.gethostname()}-{os.getppid()}"
+    return None
+
+
+RUNNER_RUN_ID = "runner"
+"""The rendezvous id of the runner's own launcher (its workers see it as TORCHELASTIC_RUN_ID): `runner` for several
+machines, `runner-<8 hex>` for one. Its workers were started by the runner, not by a torchrun of the user's."""
+
+
+def is_runner_run_id(run_id: str) -> bool:
+    return run_id == RUNNER_RUN_ID or (run_id.startswith(RUNNER_RUN_ID + "-") and len(run_id) == len(RUNNER_RUN_ID) + 9)
+
+
+# --- who started this process ----------------------------------------------------------------------------------------
+
+ENGINE_ORDER = ("torchrun", "slurm", "kubeflow", "skypilot")
+"""The engines read from the environment, first match wins. Keys given in the config come before all of them
+(`skypilot_machine_overrides` adds only what the command line does not set). Ray is not among them yet."""
+
+
+@dataclass(frozen=True)
+class Engine:
+    """What started this process, as its environment says. `name`: one of ENGINE_ORDER, or "none" (a person, or the
+    runner's own launcher); `job_id`: shared by every process of the job and kept across its restarts (the run
+    dir's name), None where the engine gives none; `nodes`, `node_rank`: the machines the engine gave the job and
+    this one's index, None where it does not say."""
+
+    name: str
+    job_id: str | None = None
+    nodes: int | None = None
+    node_rank: int | None = None
+
+
+def _number(value: str | None) -> int | None:
+    return int(value) if value is not None and value.strip().isdigit() else None
+
+
+def detect_engine(env: dict | None = None) -> Engine:
+    """The engine that started this process, in the fixed order of ENGINE_ORDER. Under torchrun the scheduler
+    around it (Kubeflow's PET_* variables, SkyPilot's, a SLURM step of srun tasks) still names the job, so every
+    machine of one job agrees on its id and a restarted pod or node finds the same run dir."""
+    env = os.environ if env is None else env
+    kubeflow = env.get("PET_MASTER_ADDR") and env.get("PET_NNODES")
+    skypilot = "SKYPILOT_NODE_RANK" in env and "SKYPILOT_NODE_IPS" in env
+    if kubeflow:  # Kubeflow Trainer derives the master's address from the TrainJob's name; the port tells runs apart
+        job = f"kubeflow-{env['PET_MASTER_ADDR']}-{env.get('PET_MASTER_PORT', '')}".rstrip("-")
+        nodes, node_rank = _number(env.get("PET_NNODES")), _number(env.get("PET_NODE_RANK"))
+    elif skypilot:
+        job = f"skypilot-{env['SKYPILOT_TASK_ID']}" if env.get("SKYPILOT_TASK_ID") else None
+        nodes, node_rank = _number(env.get("SKYPILOT_NUM_NODES")), _number(env.get("SKYPILOT_NODE_RANK"))
+    else:
+        job, nodes, node_rank = None, None, None
+    run_id = env.get("TORCHELASTIC_RUN_ID")
+    if run_id is not None and not is_runner_run_id(run_id):
+        return Engine("torchrun", run_id if run_id != "none" else job, nodes, node_rank)
+    step = _slurm_step_id()
+    if step is not None:
+        return Engine("slurm", step, _number(env.get("SLURM_NNODES")), _number(env.get("SLURM_NODEID")))
+    if kubeflow:
+        return Engine("kubeflow", job, nodes, node_rank)
+    if skypilot:
+        return Engine("skypilot", job, nodes, node_rank)
+    return Engine("none")
+
+
+SKYPILOT_PORT_BASE = 20000
+"""SkyPilot gives no rendezvous port: every node derives the same one from the task id (20000-39999), unless the
+command line sets hardware.main_process_port."""
+
+
+def skypilot_machine_overrides(overrides: list[str], env: dict | None = None) -> list[str]:
+    """The hardware.* overrides that make the nodes of a SkyPilot task one run of the runner's own launcher
+    (`python -m runner hardware=multi_gpu` in the task's `run:`, no torchrun): the node count, this node's rank,
+    node 0's address (the first of SKYPILOT_NODE_IPS) and a port, each unless the command line gives it (none when
+    it gives hardware.num_machines). Nothing outside a multi-node SkyPilot task, or under torchrun (its flags say
+    it)."""
+    env = os.environ if env is None else env
+    engine = detect_engine(env)
+    if engine.name != "skypilot" or not engine.nodes or engine.nodes < 2:
+        return []
+    given = {item.split("=", 1)[0].lstrip("+~") for item in overrides if "=" in item}
+    if "hardware.num_machines" in given:  # the command line took charge of the machines: all of them
+        return []
+    ips = env["SKYPILOT_NODE_IPS"].split()
+    task = env.get("SKYPILOT_TASK_ID", "")
+    port = SKYPILOT_PORT_BASE + int(hashlib.sha256(task.encode()).hexdigest(), 16) % 20000
+    wanted = {"hardware.num_machines": engine.nodes, "hardware.machine_rank": engine.node_rank,
+              "hardware.main_process_ip": ips[0] if ips else None, "hardware.main_process_port": port}
+    return [f"{key}={value}" for key, value in wanted.items() if key not in given and value is not None]
+
+
+def whoami(info: "DistInfo", engine: Engine) -> str:
+    """One line every rank logs before it joins the group: enough to see, from the logs of a whole cluster, two
+    processes that believe they are the same rank, or nodes that disagree on the size of the run."""
+    machines = max(1, info.world_size // max(1, info.local_world_size))
+    node = engine.node_rank if engine.node_rank is not None else info.rank // max(1, info.local_world_size)
+    started = "the runner" if engine.name == "none" else engine.name
+    return (f"rank {info.rank} of {info.world_size} (local rank {info.local_rank}), pid {os.getpid()}, "
+            f"{torch.get_num_threads()} thread(s); node {node} of {machines}, host {socket.gethostname()}, started "
+            f"by {started}" + (f", job {engine.job_id}" if engine.job_id else ""))
+
+
+def engine_disagreement(info: "DistInfo", engine: Engine) -> str | None:
+    """Why this process would train on its own while its engine started the job on several nodes (each node
+    believing it is rank 0 of a run of its own), or None. Kubeflow and SkyPilot run the command on every node, so
+    their node count must be the run's machine count."""
+    if engine.name not in ("kubeflow", "skypilot") or not engine.nodes or engine.nodes < 2:
+        return None
+    machines = max(1, info.world_size // max(1, info.local_world_size))
+    if machines == engine.nodes:
+        return None
+    where = {"kubeflow": "PET_NNODES", "skypilot": "SKYPILOT_NUM_NODES"}[engine.name]
+    return (f"{engine.name} started this job on {engine.nodes} nodes ({where}={engine.nodes}), but this process is "
+            f"rank {info.rank} of a run on {machines} machine(s) (WORLD_SIZE={info.world_size}, LOCAL_WORLD_SIZE="
+            f"{info.local_world_size}): each node would train alone as a run of its own. Start it as the docs' "
+            f"examples do (torchrun reading the PET_* variables under Kubeflow; `python -m runner` with no "
+            f"hardware.num_machines under SkyPilot), or give the job one node")
 
 
 def init_process_group(info: DistInfo, backend: str | None, timeout_s: float = 1800) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from runner.distributed.devices import Hardware
-from runner.distributed.dist import DistInfo, threads_per_process
+from runner.distributed.dist import RUNNER_RUN_ID, DistInfo, threads_per_process
 from runner.distributed.signals import handling
 
 log = logging.getLogger(__name__)
@@ -56,11 +56,11 @@ def launch_config(hardware: Hardware, log_dir: Path, rank0_console: bool = False
 
     if hardware.num_machines == 1:
         # Port 0: the rendezvous picks a free port, so two runs at once never collide.
-        rendezvous = dict(rdzv_backend="c10d", rdzv_endpoint="localhost:0", run_id=f"runner-{uuid.uuid4().hex[:8]}",
-                          rdzv_configs={"timeout": hardware.timeout_s})
+        rendezvous = dict(rdzv_backend="c10d", rdzv_endpoint="localhost:0",
+                          run_id=f"{RUNNER_RUN_ID}-{uuid.uuid4().hex[:8]}", rdzv_configs={"timeout": hardware.timeout_s})
     else:
         rendezvous = dict(rdzv_backend="static", rdzv_endpoint=f"{hardware.main_process_ip}:{hardware.main_process_port}",
-                          run_id="runner", rdzv_configs={"rank": hardware.machine_rank, "timeout": hardware.timeout_s})
+                          run_id=RUNNER_RUN_ID, rdzv_configs={"rank": hardware.machine_rank, "timeout": hardware.timeout_s})
     return LaunchConfig(
         min_nodes=hardware.num_machines,
         max_nodes=hardware.num_machines,

@@ -129,7 +129,7 @@ def split_command(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def main(argv: list[str] | None = None) -> None:
     from runner.run.compose import load
-    from runner.distributed.dist import adopt_slurm_tasks
+    from runner.distributed.dist import adopt_slurm_tasks, skypilot_machine_overrides
     from runner.errors import RunnerError, exit_with, no_stray_tracebacks
     from runner.launch.shutdown import skip_collection_at_exit
 
@@ -137,6 +137,7 @@ def main(argv: list[str] | None = None) -> None:
     skip_collection_at_exit()
     adopt_slurm_tasks()
     overrides, command = split_command(sys.argv[1:] if argv is None else argv)
+    overrides += skypilot_machine_overrides(overrides)  # a SkyPilot task's nodes are the machines
     if not command or command == ["-m"]:
         print("usage: python -m runner.launch [hardware=... hardware.num_processes=N gpu_ids=[...]] "
               "my_script.py [its arguments]   (or: -m my_package.module [its arguments])", file=sys.stderr)

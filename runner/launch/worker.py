@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
 import time
@@ -23,6 +22,8 @@ from runner.distributed.dist import (
     broadcast_object,
     config_mismatch,
     destroy_process_group,
+    detect_engine,
+    engine_disagreement,
     exit_with_parent,
     external_rank,
     init_process_group,
@@ -30,6 +31,7 @@ from runner.distributed.dist import (
     peer_store,
     restart_count,
     threads_per_process,
+    whoami,
 )
 from runner.errors import (
     INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, ConfigError, LaunchError, Preempted, no_stray_tracebacks,
@@ -87,8 +89,11 @@ def _join(spec: RunSpec, dist: DistInfo, keep_process_group: bool) -> None:
     threads = threads_per_process(dist, hardware.threads_per_process)
     if threads is not None:  # a lone process nothing constrains keeps torch's default
         torch.set_num_threads(threads)
-    log.info("rank %d of %d (local rank %d), pid %d, %d thread(s)", dist.rank, dist.world_size, dist.local_rank,
-             os.getpid(), torch.get_num_threads())
+    engine = detect_engine()
+    log.info("%s", whoami(dist, engine))
+    disagreement = engine_disagreement(dist, engine)
+    if disagreement:
+        raise LaunchError(disagreement)
     init_process_group(dist, hardware.backend, hardware.timeout_s)
     if keep_process_group:
         keep_process_group_until_exit()
