@@ -102,6 +102,14 @@ def main(argv: list[str] | None = None) -> None:
     _run(args, parser)
 
 
+def _to_log_files(text: str) -> None:
+    """A line for the run's log file (runner.log) only: the console has just said it in its own format."""
+    record = logging.LogRecord(log.name, logging.WARNING, __file__, 0, text, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
+
+
 def _hydra_entry(args, parser) -> None:
     """Hydra's own entry (what @hydra.main calls): sweeps, --cfg, --info, --help, shell completion."""
     from hydra._internal.utils import _run_hydra
@@ -222,6 +230,7 @@ def run_task(cfg: DictConfig, run_dir: rundir.RunDir | None = None) -> float:
         run_dir.unlock()
         again = f"; continue with the same command plus resume=auto hydra.run.dir={run_dir.path}" if stop.step else ""
         print(f"runner: {stop}{again}", file=sys.stderr)
+        _to_log_files(f"{stop}{again}")  # the run's own record says why it ended, as a rank's log does
         raise SystemExit(PREEMPTED_EXIT_CODE)
     except KeyboardInterrupt:
         run_dir.unlock()

@@ -45,6 +45,7 @@ def test_mid_epoch_stop_and_resume_is_bitwise_exact(tmp_path, reference, accumul
         assert proc.returncode == 75, output
         assert "stopped by SIGTERM after optimizer step" in output and "resume=auto" in output
         step = int(output.split("stopped by SIGTERM after optimizer step ")[1].split(";")[0])
+        assert f"stopped by SIGTERM after optimizer step {step}; saved" in (run_dir / "runner.log").read_text()
         path, manifest = complete_checkpoints(run_dir / "checkpoints")[-1]
         assert manifest["step"] == step and read_pointer(run_dir / "checkpoints") == path.name
     assert not (run_dir / "export" / "final.safetensors").exists(), "the stop came too late to test anything"
