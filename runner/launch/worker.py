@@ -90,7 +90,8 @@ def _join(spec: RunSpec, dist: DistInfo, keep_process_group: bool) -> None:
     if threads is not None:  # a lone process nothing constrains keeps torch's default
         torch.set_num_threads(threads)
     engine = detect_engine()
-    log.info("%s", whoami(dist, engine))
+    # Every rank says who it is; a lone process keeps the first examples' console to the run's own lines.
+    log.log(logging.INFO if dist.is_distributed else logging.DEBUG, "%s", whoami(dist, engine))
     disagreement = engine_disagreement(dist, engine)
     if disagreement:
         raise LaunchError(disagreement)

@@ -67,7 +67,6 @@ def test_one_process_takes_the_threads_it_was_given(tmp_path, monkeypatch):
     try:
         main(["debug=fast", "hydra.run.dir=given", "hardware.threads_per_process=1"])
         assert torch.get_num_threads() == 1
-        assert "rank 0 of 1 (local rank 0), pid" in (tmp_path / "given" / "runner.log").read_text()
         torch.set_num_threads(before)
         monkeypatch.setenv("SLURM_CPUS_PER_TASK", "1")  # sbatch -c 1, nothing set in the config
         main(["debug=fast", "hydra.run.dir=slurm"])
