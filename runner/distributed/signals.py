@@ -15,6 +15,7 @@ rank ignoring the launcher's SIGTERM while it reports (`ignore`), and a worker's
 from __future__ import annotations
 
 import signal
+import threading
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -28,6 +29,14 @@ STARTUP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGUSR1")
 # scripts set SUBMITIT_EXECUTOR (slurm) or SUBMITIT_LOCAL_JOB_ID (its local executor).
 SUBMITIT_SIGNAL = "SIGUSR2"
 SUBMITIT_MARKERS = ("SUBMITIT_EXECUTOR", "SUBMITIT_LOCAL_JOB_ID")
+
+
+def _install(sig: signal.Signals, handler):
+    """signal.signal, where Python allows it: only the main thread may set handlers. A run in another thread (a Ray
+    Train worker runs the training function in one) keeps the process's handlers; its engine stops it its own way."""
+    if threading.current_thread() is not threading.main_thread():
+        return signal.getsignal(sig)
+    return signal.signal(sig, handler)
 
 
 def stop_signals(configured) -> list[signal.Signals]:
@@ -50,7 +59,7 @@ def stop_from_process_start() -> None:
     stop signal from then on raises Preempted ("nothing was trained"), which the entry turns into exit 75, instead
     of killing the process unreported. stop_during_startup takes over around the run itself."""
     for sig in STARTUP_SIGNALS:
-        signal.signal(sig, _stop_at_process_start)
+        _install(sig, _stop_at_process_start)
 
 
 @contextmanager
@@ -61,13 +70,13 @@ def stop_during_startup() -> Iterator[None]:
     def stop(signum, frame):
         raise Preempted(signal.Signals(signum).name, None, None)
 
-    previous = {sig: signal.signal(sig, stop) for sig in STARTUP_SIGNALS}
+    previous = {sig: _install(sig, stop) for sig in STARTUP_SIGNALS}
     try:
         yield
     finally:
         for sig, handler in previous.items():
             # After a run, "before training started" would be wrong: the process-start handler is not restored.
-            signal.signal(sig, signal.SIG_DFL if handler is _stop_at_process_start else handler)
+            _install(sig, signal.SIG_DFL if handler is _stop_at_process_start else handler)
 
 
 class StopSignals:
@@ -87,7 +96,7 @@ class StopSignals:
 
     def __enter__(self) -> "StopSignals":
         for sig in self.signals:
-            self._previous[sig] = signal.signal(sig, self._handle)
+            self._previous[sig] = _install(sig, self._handle)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -97,7 +106,7 @@ class StopSignals:
         for sig, handler in self._previous.items():
             # Once stopping, a repeated signal (the scheduler's, then the launcher's forwarded copy) must not kill
             # the process while it exits with the checkpoint sealed.
-            signal.signal(sig, signal.SIG_IGN if self.received is not None else handler)
+            _install(sig, signal.SIG_IGN if self.received is not None else handler)
         self._previous.clear()
 
     def _handle(self, signum, frame) -> None:
@@ -162,17 +171,17 @@ class NoStopSignals:
 @contextmanager
 def handling(signals, handler) -> Iterator[None]:
     """`handler` for each of `signals` while the block runs; the previous handlers after it."""
-    previous = {sig: signal.signal(sig, handler) for sig in signals}
+    previous = {sig: _install(sig, handler) for sig in signals}
     try:
         yield
     finally:
         for sig, earlier in previous.items():
-            signal.signal(sig, earlier)
+            _install(sig, earlier)
 
 
 def ignore(sig: signal.Signals) -> None:
     """From now on `sig` does nothing to this process."""
-    signal.signal(sig, signal.SIG_IGN)
+    _install(sig, signal.SIG_IGN)
 
 
 def interrupt_once() -> None:
@@ -184,4 +193,4 @@ def interrupt_once() -> None:
         ignore(signal.SIGINT)
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGINT, interrupt)
+    _install(signal.SIGINT, interrupt)
