@@ -21,7 +21,8 @@ from runner.training.tasks import SequenceToSequence
 
 class FaultySeqTransformer(nn.Module):
     """SeqTransformer whose `fail_rank` raises at its `fail_at_forward`-th training forward pass (1-based), and whose
-    `hang_rank` stops there for an hour, after creating the file `hang_marker` (if given) for a test to wait on.
+    `hang_rank` stops there for an hour, after creating the file `hang_marker` (if given) for a test to wait on; with
+    a marker it hangs once (a restarted attempt that finds the file runs on).
     `sleep_s` slows every training forward pass, to keep a run alive long enough to signal or kill its launcher."""
 
     def __init__(self, fail_rank: int = -1, fail_at_forward: int = 0, sleep_s: float = 0.0, hang_rank: int = -1,
@@ -42,7 +43,9 @@ class FaultySeqTransformer(nn.Module):
             # Tests may read the environment; the runner package may not (only dist.py does).
             if int(os.environ.get("RANK", 0)) == self.fail_rank and self.training_forwards == self.fail_at_forward:
                 raise ValueError(f"injected failure at training forward {self.training_forwards}")
-            if int(os.environ.get("RANK", 0)) == self.hang_rank and self.training_forwards == self.hang_at_forward:
+            hung_before = bool(self.hang_marker) and os.path.exists(self.hang_marker)  # once: a restart runs on
+            if int(os.environ.get("RANK", 0)) == self.hang_rank and self.training_forwards == self.hang_at_forward \
+                    and not hung_before:
                 if self.hang_marker:
                     open(self.hang_marker, "w").close()
                 time.sleep(3600)  # a rank stuck in its own code (a deadlock, a dead file system): its peers wait

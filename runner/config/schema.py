@@ -47,6 +47,11 @@ class StartMethod(str, Enum):
     forkserver = "forkserver"
 
 
+class Launcher(str, Enum):
+    runner = "runner"
+    ray = "ray"
+
+
 class StopSignal(str, Enum):
     SIGTERM = "SIGTERM"
     SIGUSR1 = "SIGUSR1"
@@ -84,7 +89,15 @@ class HardwareConfig:
     themselves within about a second anyway)."""
     max_restarts: int = 0
     """Restart this machine's workers up to N times when one fails; each restart continues from the newest intact
-    checkpoint (as `torchrun --max-restarts` does for a run it started)."""
+    checkpoint (as `torchrun --max-restarts` does for a run it started). With launcher=ray: Ray Train's
+    FailureConfig(max_failures=N)."""
+    launcher: Launcher = Launcher.runner
+    """Who starts the workers of a multi_cpu / multi_gpu run: runner (torch's elastic launcher, on this machine or
+    on each of hardware.num_machines), or ray (Ray Train's TorchTrainer, num_processes workers placed by the Ray
+    cluster at hardware.ray_address; the `ray` extra)."""
+    ray_address: Optional[str] = None
+    """launcher=ray: the cluster to join, as ray.init(address=...) takes it ("auto": the one `ray start` runs on
+    this machine; "ray://head:10001"). None: a Ray instance of its own on this machine for the run."""
 
 
 class ParallelKind(str, Enum):

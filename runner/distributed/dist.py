@@ -156,9 +156,9 @@ def is_runner_run_id(run_id: str) -> bool:
 
 # --- who started this process ----------------------------------------------------------------------------------------
 
-ENGINE_ORDER = ("torchrun", "slurm", "kubeflow", "skypilot")
+ENGINE_ORDER = ("torchrun", "slurm", "ray", "kubeflow", "skypilot")
 """The engines read from the environment, first match wins. Keys given in the config come before all of them
-(`skypilot_machine_overrides` adds only what the command line does not set). Ray is not among them yet."""
+(`skypilot_machine_overrides` adds only what the command line does not set)."""
 
 
 @dataclass(frozen=True)
@@ -199,6 +199,8 @@ def detect_engine(env: dict | None = None) -> Engine:
     step = _slurm_step_id()
     if step is not None:
         return Engine("slurm", step, _number(env.get("SLURM_NNODES")), _number(env.get("SLURM_NODEID")))
+    if "RAY_RAYLET_PID" in env and "RANK" in env:  # a Ray Train worker (launcher=ray): its driver named the run dir
+        return Engine("ray", None, None, _number(env.get("NODE_RANK")))
     if kubeflow:
         return Engine("kubeflow", job, nodes, node_rank)
     if skypilot:

@@ -4,6 +4,7 @@
     one process                 -> worker.run(spec), here
     started by torchrun / srun  -> worker.run(spec) in every rank, no respawn (RANK etc. already set)
     several processes/machines  -> the elastic agent (runner/launch/agent.py), worker.run_spawned(spec) in each
+    hardware.launcher=ray       -> a Ray Train TorchTrainer (runner/launch/ray_train.py), worker.run(spec) in each
 
 The parent has already composed, checked and resolved the config; workers get it frozen, as an argument.
 
@@ -26,7 +27,7 @@ from pathlib import Path
 
 from runner.launch import worker
 from runner.launch.agent import run_agent
-from runner.config import RunSpec, StopSignal
+from runner.config import Launcher, RunSpec, StopSignal
 from runner.errors import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, LaunchError, Preempted
 from runner.launch.failures import RootCause, root_cause
 from runner.distributed.signals import stop_during_startup, stop_signals
@@ -41,6 +42,10 @@ def launch(spec: RunSpec) -> dict[str, float]:
     if hardware.external_launcher:
         warn_shared_store_on_restart()
         return worker.run(spec, keep_process_group=True)
+    if spec.config.hardware.launcher is Launcher.ray:
+        from runner.launch.ray_train import launch_on_ray
+
+        return launch_on_ray(spec)
     if hardware.launches_processes:
         return elastic_launch(spec)
     return worker.run(spec)

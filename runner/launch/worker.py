@@ -228,7 +228,7 @@ def run_spawned(spec: RunSpec) -> dict[str, float]:
     exit_with_parent()
     no_stray_tracebacks()
     skip_collection_at_exit()
-    _log_to_rank_file(Path(spec.run_dir) / f"runner_rank{dist.rank}.log", console=dist.rank == 0)
+    log_to_rank_file(Path(spec.run_dir) / f"runner_rank{dist.rank}.log", console=dist.rank == 0)
     signals.interrupt_once()
     try:
         return run(spec)
@@ -288,7 +288,7 @@ def library_warnings_to_the_log_file() -> None:
 def console_from_rank_zero_only() -> None:
     """Under torchrun or srun every rank is a `python -m runner` whose Hydra logging writes to the console as well
     as to its own runner_rank<N>.log: only rank 0 keeps the console, as under the runner's own launcher
-    (`_log_to_rank_file`), so a run's lines are not printed once per rank."""
+    (`log_to_rank_file`), so a run's lines are not printed once per rank."""
     if external_rank() in (None, 0):
         return
     root = logging.getLogger()
@@ -297,7 +297,7 @@ def console_from_rank_zero_only() -> None:
             root.removeHandler(handler)
 
 
-def _log_to_rank_file(path: Path, console: bool) -> None:
+def log_to_rank_file(path: Path, console: bool) -> None:
     """This rank's log lines go to its own file and, on rank 0 only (`console`), without tracebacks to the
     console: the other ranks' lines would repeat rank 0's. A rank that fails is reported by the parent anyway
     (runner/launch/failures.py). A forked worker inherited the parent's handlers (its runner.log among them): they are

@@ -6,7 +6,7 @@ Every problem is collected and reported at once (one ConfigError), each naming i
 from __future__ import annotations
 
 from runner.config.instantiate import target_problems
-from runner.config import ParallelKind, RunConfig, StartMethod
+from runner.config import Launcher, ParallelKind, RunConfig, StartMethod
 from runner.distributed.devices import KINDS, Hardware
 from runner.errors import ConfigError, Problem
 from runner.accelerate.parallel import compile_problems, parallel_problems
@@ -88,6 +88,20 @@ def monitor_problems(config: RunConfig) -> list[Problem]:
                                        f"{type(task).__name__} reports {', '.join(measured)}")]
 
 
+def _ray_problems(hardware, resolved: Hardware, several: bool) -> list[Problem]:
+    """launcher=ray: Ray Train starts the workers, so nothing else may have, and Ray places them, not machines."""
+    if not several:
+        return [Problem("hardware.launcher", f"is ray, which starts several workers; {resolved.kind.value} runs one "
+                        "process: use hardware=multi_cpu or multi_gpu (hardware.num_processes is Ray's worker count)")]
+    if resolved.external_launcher:
+        return [Problem("hardware.launcher", "is ray, but torchrun or srun already started this process as one of "
+                        "several: start `python -m runner hardware.launcher=ray ...` once, on the Ray cluster")]
+    if hardware.num_machines > 1:
+        return [Problem("hardware.num_machines", f"is {hardware.num_machines}; with launcher=ray, Ray places the "
+                        "hardware.num_processes workers on its nodes: leave num_machines at 1")]
+    return []
+
+
 def launch_problems(config: RunConfig, resolved: Hardware) -> list[Problem]:
     """Process counts, machines, rendezvous and timeouts that cannot work together."""
     hardware, problems = config.hardware, []
@@ -120,6 +134,8 @@ def launch_problems(config: RunConfig, resolved: Hardware) -> list[Problem]:
             if getattr(hardware, name) is None:
                 problems.append(Problem(f"hardware.{name}", f"is not set; a run on {hardware.num_machines} machines "
                                         "meets at machine 0's address and a free port on it, the same on every machine"))
+    if hardware.launcher is Launcher.ray:
+        problems += _ray_problems(hardware, resolved, several)
     if hardware.start_method is StartMethod.fork and resolved.device_type == "cuda":
         problems.append(Problem("hardware.start_method", "fork is unsafe once CUDA is initialised; use spawn "
                                 "(or forkserver) with GPUs"))

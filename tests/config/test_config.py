@@ -114,7 +114,8 @@ def test_schema_keys_are_frozen():
     assert sorted(structured.compile.keys()) == ["backend", "enabled", "fullgraph", "mode"]
     assert sorted(structured.hardware.keys()) == sorted(
         ["kind", "num_processes", "threads_per_process", "start_method", "num_machines", "machine_rank",
-         "main_process_ip", "main_process_port", "timeout_s", "shutdown_timeout_s", "max_restarts"]
+         "main_process_ip", "main_process_port", "timeout_s", "shutdown_timeout_s", "max_restarts", "launcher",
+         "ray_address"]
     )
     assert sorted(structured.precision.keys()) == ["fp8_emulation", "kind"]
     assert sorted(structured.checkpoint.keys()) == sorted(

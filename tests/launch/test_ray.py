@@ -1,0 +1,96 @@
+"""hardware.launcher=ray on a real local Ray cluster (ray.init() started by the run, 2 CPU workers): Ray Train's
+TorchTrainer starts the workers and joins their process group; the runner trains in it. One run dir, the weights of
+`hardware=multi_cpu` at the same global batch, and a worker killed mid-run that Ray restarts, ending bit-exact."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import ROOT, WAIT_S, run_cli, run_dirs_under
+
+SMALL = ("hardware=multi_cpu", "data.num_train=256", "data.num_validation=64", "trainer.batch_size=32",
+         "trainer.log_every_steps=1", "trainer.progress_bar=false", "hardware.threads_per_process=1")
+RAY = ("hardware.launcher=ray",)
+# Test-only targets (tests/dist_helpers.py): Ray's workers inherit the driver's PYTHONPATH.
+HELPERS_ENV = {"PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+FAULTY = ("model._target_=dist_helpers.FaultySeqTransformer", "allowed_targets=[runner.,torch.,dist_helpers.]")
+
+
+def _same_weights(run_dir: Path, reference_dir: Path) -> None:
+    trained = load_file(run_dir / "export" / "final.safetensors")
+    reference = load_file(reference_dir / "export" / "final.safetensors")
+    assert trained.keys() == reference.keys()
+    for name, value in reference.items():
+        assert torch.equal(trained[name], value), name
+
+
+def _reference(tmp_path: Path, *overrides: str, env: dict | None = None) -> Path:
+    cwd = tmp_path / "multi_cpu"
+    cwd.mkdir()
+    result = run_cli(*SMALL, "hardware.start_method=fork", *overrides, cwd=cwd, env=env)
+    assert result.returncode == 0, result.output
+    return result.run_dir()
+
+
+def test_ray_workers_train_what_multi_cpu_trains(tmp_path):
+    """One run dir, each rank's log in it, the final metrics printed, and multi_cpu's weights bitwise."""
+    reference = _reference(tmp_path, "trainer.max_steps=4")
+    cwd = tmp_path / "ray"
+    cwd.mkdir()
+    result = run_cli(*SMALL, *RAY, "trainer.max_steps=4", cwd=cwd)
+    assert result.returncode == 0, result.output
+    (run_dir,) = run_dirs_under(cwd)
+    assert "launching 2 Ray Train worker(s)" in result.output
+    for rank in (0, 1):
+        assert f"rank {rank} of 2 (local rank {rank}), pid" in (run_dir / f"runner_rank{rank}.log").read_text()
+        assert "started by ray" in (run_dir / f"runner_rank{rank}.log").read_text()
+    assert re.search(r"final val/loss=[\d.]+, val/accuracy=[\d.]+ \| run dir", result.output)
+    _same_weights(run_dir, reference)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the worker's pid and kills it")
+def test_a_killed_ray_worker_is_restarted_exactly(tmp_path):
+    """Rank 1 is killed (SIGKILL) mid-run; Ray restarts the worker group (max_restarts=1 is Ray's max_failures) and
+    the restarted workers continue from the runner's newest checkpoint, ending with the uninterrupted weights."""
+    run = (*FAULTY, "trainer.max_steps=8", "checkpoint.every_n_steps=2")
+    reference = _reference(tmp_path, *run, env=HELPERS_ENV)
+    cwd, marker = tmp_path / "ray", tmp_path / "rank1_hangs"
+    cwd.mkdir()
+    command = [sys.executable, "-m", "runner", *SMALL, *RAY, *run, "hardware.max_restarts=1", "+model.hang_rank=1",
+               "+model.hang_at_forward=6", f"+model.hang_marker={marker}", "hydra.run.dir=run"]
+    driver = subprocess.Popen(command, cwd=cwd, env={**os.environ, "PYTHONUNBUFFERED": "1", **HELPERS_ENV},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while not marker.exists():
+            assert driver.poll() is None and time.monotonic() < deadline, "rank 1 never reached its 6th step"
+            time.sleep(0.2)
+        rank1 = (cwd / "run" / "runner_rank1.log").read_text()
+        pid = int(re.findall(r"rank 1 of 2 \(local rank 1\), pid (\d+)", rank1)[-1])
+        os.kill(pid, signal.SIGKILL)
+        output, _ = driver.communicate(timeout=WAIT_S)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert driver.returncode == 0, output
+    restarted = (cwd / "run" / "runner_rank0.log").read_text()
+    assert re.search(r"Ray restarted the workers: continuing from \S*step_0000000[24]", restarted), restarted[-3000:]
+    _same_weights(cwd / "run", reference)
+
+
+def test_ray_needs_several_workers(tmp_path):
+    result = run_cli("hardware=cpu", *RAY, "trainer.max_steps=1", cwd=tmp_path)
+    assert result.returncode == 1
+    assert "hardware.launcher: is ray, which starts several workers; cpu runs one process: use hardware=multi_cpu " \
+           "or multi_gpu" in result.stderr, result.stderr
+    assert result.run_dirs() == []
