@@ -1,11 +1,17 @@
 """Helpers for the in-process checkpoint tests (tests/checkpoint, tests/run/test_rundir.py,
-tests/launch/test_worker.py): a small trained model and optimizer, the loop's Checkpointer on a run dir, and one save
-waited for to the end."""
+tests/launch/test_worker.py, tests/accelerate/test_saved_state.py): a small trained model and optimizer, the loop's
+Checkpointer on a run dir, one save waited for to the end, and what an attacker does to a checkpoint (a payload that
+runs a command when unpickled, and a manifest resealed to match)."""
 
 from __future__ import annotations
 
+import json
+import pathlib
+
 import torch
 
+from runner.checkpoint import MANIFEST, damage
+from runner.checkpoint.files import block_digests, read_manifest
 from runner.config import CheckpointConfig, MonitorMode
 from runner.models import MLP
 from runner.training.checkpointer import Checkpointer
@@ -39,3 +45,23 @@ def save_step(checkpointer, model, optimizer, step, accuracy=None, final=False):
 
 class NotPlainData:
     """Stands for whatever an attacker pickles: a class weights_only=True does not allow."""
+
+
+def reseal(path):
+    """What an attacker with write access does after altering a file: recompute the manifest's sizes and hashes."""
+    manifest = read_manifest(path)
+    digests = block_digests([path / name for name in manifest["files"]])
+    manifest["files"] = {name: {"size": (path / name).stat().st_size, "sha256": digests[path / name]}
+                         for name in manifest["files"]}
+    (path / MANIFEST).write_text(json.dumps(manifest))
+    assert damage(path) is None
+
+
+class TouchesAFile:
+    """Unpickled, it creates `marker`: stands for any command."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return pathlib.Path.touch, (pathlib.Path(self.marker),)

@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_model, save_model
+from safetensors.torch import save_model
 from torch import nn
 
 from runner.checkpoint import files, sharded
+from runner.checkpoint.contents import load_plain_state, load_weights
 from runner.checkpoint.files import Layout
 from runner.checkpoint.rng import capture_rng, restore_rng
 from runner.distributed.dist import all_gather_object, barrier
@@ -93,7 +94,7 @@ def load(directory: Path, objects: Objects, rank: int, world_size: int) -> None:
         raise CheckpointError(f"load_state: {directory} holds {manifest['models']} model(s) and "
                               f"{manifest['optimizers']} optimizer(s), but {counts[0]} and {counts[1]} were prepared; "
                               "prepare the same objects")
-    state = torch.load(directory / STATE_FILE, weights_only=True, map_location="cpu")
+    state = load_plain_state(directory / STATE_FILE, "load_state", "Load another directory written by save_state")
     if files.layout_of(manifest) is Layout.dcp:
         sharded.load(directory, _tensors(objects, lambda model: (model, None),
                                          lambda model, optimizer: (model, optimizer)), world_size > 1)
@@ -102,7 +103,7 @@ def load(directory: Path, objects: Objects, rank: int, world_size: int) -> None:
                               "are sharded; load it with the parallel setting it was saved with")
     else:
         for index, model in enumerate(objects.models):
-            load_model(model, str(directory / f"model_{index}.safetensors"))
+            load_weights(directory / f"model_{index}.safetensors", model, "load_state")
         for optimizer, saved in zip(objects.optimizers, state["optimizers"]):
             optimizer.load_state_dict(saved)
     if len(state["schedulers"]) != len(objects.schedulers):

@@ -21,10 +21,11 @@ from pathlib import Path
 
 import torch
 import yaml
-from safetensors.torch import load_model, save_file, save_model
+from safetensors.torch import save_file, save_model
 from torch import nn
 
 from runner.checkpoint import files, sharded
+from runner.checkpoint.contents import load_plain_state, load_weights
 from runner.checkpoint.files import Layout
 from runner.checkpoint.hf_export import export_pretrained
 from runner.checkpoint.resume import refuse_another_world_size
@@ -368,15 +369,10 @@ def restore(path: Path, model: nn.Module, optimizer=None, scheduler=None, scaler
                               "shards the model; resume it with the parallel setting it was written with, or start "
                               f"a new run from its weights ({path / MODEL_FILE})")
     else:
-        _load_weights(path, model)
+        load_weights(path / MODEL_FILE, model, "resume")
     # mmap: tensors are read from the (usually cached) file as load_state_dict copies them, not read twice.
-    try:
-        state = torch.load(path / STATE_FILE, weights_only=True, map_location="cpu", mmap=True)
-    except Exception as err:  # weights_only refuses what is not plain data (pickled code); a garbled file fails too
-        raise ResumeRefused(
-            f"resume: {path / STATE_FILE} cannot be loaded safely ({type(err).__name__}: "
-            f"{str(err).strip().splitlines()[0]}); it was altered after it was written, or not written by the runner. "
-            "Resume from another checkpoint (resume=<run dir>/checkpoints/step_N) or start a new run") from None
+    state = load_plain_state(path / STATE_FILE, "resume", "Resume from another checkpoint (resume=<run dir>/"
+                             "checkpoints/step_N) or start a new run", mmap=True, refusal=ResumeRefused)
     for obj, key in ((optimizer, "optimizer"), (scheduler, "scheduler"), (scaler, "scaler")):
         if obj is not None and state.get(key) is not None:
             try:
@@ -404,20 +400,6 @@ def this_rank(per_rank: list[dict], rank: int, world_size: int, path: Path) -> d
         if isinstance(value, torch.Tensor) and value.is_floating_point():
             mine[key] = sum(saved[key] for saved in per_rank) / len(per_rank)
     return mine
-
-
-def _load_weights(path: Path, model: nn.Module) -> None:
-    try:
-        missing, unexpected = load_model(model, str(path / MODEL_FILE), strict=False)
-    except Exception as err:  # a shape mismatch (RuntimeError), or a file safetensors cannot parse
-        first = str(err).strip().splitlines()
-        raise CheckpointError(f"resume: the weights in {path} do not fit this model: "
-                              f"{' '.join(line.strip() for line in first[:3])}") from err
-    if missing or unexpected:
-        raise CheckpointError(
-            f"resume: the weights in {path} do not fit this model: missing {sorted(missing)}, "
-            f"unexpected {sorted(unexpected)}"
-        )
 
 
 def read_config(file: Path) -> dict:

@@ -3,21 +3,19 @@ checkpoint, resealed so that its hashes match, is refused with one message, and 
 
 from __future__ import annotations
 
-import json
-import pathlib
 import pickle
 
 import pytest
 import torch
 
-from runner.checkpoint import MANIFEST, damage, find_resume, sharded
+from runner.checkpoint import find_resume, sharded
 from runner.training.checkpointer import Checkpointer, restore
 from runner.checkpoint import safe_dcp
 from runner.training.checkpointer import read_config
-from runner.checkpoint.files import Layout, block_digests, read_manifest
+from runner.checkpoint.files import Layout
 from runner.config import CheckpointConfig, MonitorMode
 from runner.errors import CheckpointError
-from checkpoint_helpers import RESOLVED, trained_objects  # the same small model and config
+from checkpoint_helpers import RESOLVED, TouchesAFile, reseal, trained_objects  # shared with load_state's tests
 
 
 def _sharded_run(run_dir, steps=(1, 2)):
@@ -30,26 +28,6 @@ def _sharded_run(run_dir, steps=(1, 2)):
                           optimizer=optimizer)
         checkpointer.wait()
     return run_dir / "checkpoints"
-
-
-def reseal(path):
-    """What an attacker with write access does after altering a file: recompute the manifest's sizes and hashes."""
-    manifest = read_manifest(path)
-    digests = block_digests([path / name for name in manifest["files"]])
-    manifest["files"] = {name: {"size": (path / name).stat().st_size, "sha256": digests[path / name]}
-                         for name in manifest["files"]}
-    (path / MANIFEST).write_text(json.dumps(manifest))
-    assert damage(path) is None
-
-
-class TouchesAFile:
-    """Unpickled, it creates `marker`: stands for any command."""
-
-    def __init__(self, marker):
-        self.marker = marker
-
-    def __reduce__(self):
-        return pathlib.Path.touch, (pathlib.Path(self.marker),)
 
 
 def _plant_in_metadata(checkpoint, payload):
