@@ -105,7 +105,7 @@ def write_error(err: Exception, path: Path | str, what: str) -> WriteError:
     RuntimeError on a full disk, so a disk left with almost no free space is taken for the cause."""
     if getattr(err, "errno", None) in DISK_FULL_ERRNOS or _names_a_full_disk(err) or _almost_full(Path(path)):
         return DiskFull(f"no space left on the disk holding {path} while writing {what}")
-    reason = getattr(err, "strerror", None) or str(err).strip().splitlines()[0]
+    reason = getattr(err, "strerror", None) or first_line(err)
     return WriteError(f"could not write {path} while writing {what}: {reason}")
 
 

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_model
 from torch import nn
 
-from runner.errors import CheckpointError
+from runner.errors import CheckpointError, first_line
 
 
 def load_plain_state(file: Path, caller: str, advice: str, *, mmap: bool = False,
@@ -20,9 +20,8 @@ def load_plain_state(file: Path, caller: str, advice: str, *, mmap: bool = False
     try:
         return torch.load(file, weights_only=True, map_location="cpu", mmap=mmap)
     except Exception as err:  # weights_only refuses what is not plain data (pickled code); a garbled file fails too
-        first = (str(err).strip().splitlines() or [""])[0]
-        raise refusal(f"{caller}: {file} cannot be loaded safely ({type(err).__name__}: {first}); it was altered "
-                      f"after it was written, or not written by the runner. {advice}") from None
+        raise refusal(f"{caller}: {file} cannot be loaded safely ({type(err).__name__}: {first_line(err)}); it was "
+                      f"altered after it was written, or not written by the runner. {advice}") from None
 
 
 def load_weights(file: Path, model: nn.Module, caller: str) -> None:

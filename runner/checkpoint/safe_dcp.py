@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from runner.errors import CheckpointError
+from runner.errors import CheckpointError, first_line
 
 METADATA_FILE = ".metadata"
 
@@ -75,8 +75,7 @@ def read_metadata(checkpoint: Path):
     except OSError as err:
         raise CheckpointError(f"resume: cannot read {file}: {err.strerror or err}") from None
     except Exception as err:  # UnpicklingError for a refused global; anything else for a garbled file
-        raise refusal(checkpoint, str(file), f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
-                      ) from None
+        raise refusal(checkpoint, str(file), f"{type(err).__name__}: {first_line(err)}") from None
     from torch.distributed.checkpoint.metadata import Metadata
 
     if not isinstance(metadata, Metadata):

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from runner.errors import ConfigError, DataError
+from runner.errors import ConfigError, DataError, first_line
 from runner.ground import install_hint
 from runner.hub import hub_unreachable
 
@@ -58,7 +58,7 @@ def local_files(
         if format == "csv" and all(_lines(path) <= 1 for path in data_files.values()):
             raise DataError(f"data.train: {train} has a header and no data rows; give one row per sample") from None
         raise DataError(f"data.train: cannot read {train} as {format}: {type(err).__name__}: "
-                        f"{str(err).strip().splitlines()[0] if str(err).strip() else ''}") from None
+                        f"{first_line(err)}") from None
     for split, dataset in loaded.items():
         check_table(dataset, f"data.{split}", paths[split], label_column, feature_columns)
     if "validation" not in loaded:

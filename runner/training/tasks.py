@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runner.errors import ConfigError
+from runner.errors import ConfigError, first_line
 
 Stats = dict[str, torch.Tensor]
 IGNORED_TARGET = -100  # F.cross_entropy's ignore_index: padding and masked positions
@@ -72,7 +72,7 @@ class Task:
             hint = f"; model.{key} is {model_node[key]}" if key else ""
             raise ConfigError(f"model.{key}" if key else "model", (
                 f"the model cannot take the data's '{self.input_key}' column (a batch of shape {list(inputs.shape)}, "
-                f"{inputs.dtype}): {str(err).strip().splitlines()[0]}{hint}; make the model's input size match "
+                f"{inputs.dtype}): {first_line(err)}{hint}; make the model's input size match "
                 "the data")) from None
         targets = batch[self.target_key].reshape(-1)
         labels = targets[targets != IGNORED_TARGET]
