@@ -31,7 +31,7 @@ from runner.distributed import dist as distributed
 from runner.accelerate import parallel
 from runner.config import ParallelConfig, ParallelKind
 from runner.distributed.devices import Hardware, for_device, this_process
-from runner.accelerate.parallel import chosen_settings, follow_sharded_parameters
+from runner.accelerate.parallel import chosen_settings, follow_replaced_parameters
 from runner.distributed.dist import DistInfo
 from runner.accelerate.precision import Precision
 from runner.accelerate import collectives
@@ -116,7 +116,7 @@ class Accelerator(AcceleratorExtras):
         # pointed at the new ones when it is prepared (old parameter's id -> (weak reference to it, new)). Weak:
         # holding the old, whole parameters would keep the unsharded model alive on every process (measured with
         # benchmarks/fsdp_memory.py); a dead reference means its id may belong to another tensor now.
-        self._sharded_parameters: dict[int, tuple[weakref.ref, nn.Parameter]] = {}
+        self._replaced_parameters: dict[int, tuple[weakref.ref, nn.Parameter]] = {}
 
     # -- who am I -------------------------------------------------------------------------------------------------
 
@@ -236,21 +236,26 @@ class Accelerator(AcceleratorExtras):
     def _prepare_model(self, model: nn.Module) -> nn.Module:
         model = self.convert_precision(model)
         self._models.append(model)
-        if not self.shards_parameters:
-            return parallel.wrap(model.to(self.device), self.parallel, self.device, self.dist.is_distributed)
-        # Not moved first: FSDP moves each unit's shard to the device as it shards it, so the whole model is
-        # never on one device.
+        # An optimizer built on the model's parameters must follow them where preparing replaces them: FSDP shards
+        # them, and moving a model to an XLA device makes new parameter objects (torch cannot swap an XLA tensor
+        # into a CPU parameter in place). Accelerate remaps the optimizer for both, as here.
         before = dict(model.named_parameters(remove_duplicate=False))
-        model = parallel.wrap(model, self.parallel, self.device, True, world_size=self.dist.world_size,
-                              precision=self.precision.kind)
-        after = dict(model.named_parameters(remove_duplicate=False))
-        self._sharded_parameters.update({id(old): (weakref.ref(old), after[name]) for name, old in before.items()})
+        if not self.shards_parameters:
+            model = parallel.wrap(model.to(self.device), self.parallel, self.device, self.dist.is_distributed)
+        else:
+            # Not moved first: FSDP moves each unit's shard to the device as it shards it, so the whole model is
+            # never on one device.
+            model = parallel.wrap(model, self.parallel, self.device, True, world_size=self.dist.world_size,
+                                  precision=self.precision.kind)
+        after = dict(self.unwrap_model(model).named_parameters(remove_duplicate=False))
+        self._replaced_parameters.update({id(old): (weakref.ref(old), after[name]) for name, old in before.items()
+                                         if after.get(name) is not None and after[name] is not old})
         del before
         return model
 
     def _prepare_optimizer(self, optimizer: torch.optim.Optimizer):
-        if self._sharded_parameters:
-            follow_sharded_parameters(optimizer, self._sharded_parameters)
+        if self._replaced_parameters:
+            follow_replaced_parameters(optimizer, self._replaced_parameters)
         if self.scaler is not None or self.xla is not None or self.gradient_accumulation_steps > 1:
             optimizer = AcceleratedOptimizer(optimizer, self.shared, self.scaler, self.xla)
         self._optimizers.append(optimizer)

@@ -129,9 +129,10 @@ def fully_shard(model: nn.Module, settings: ParallelConfig, device: torch.device
     return model
 
 
-def follow_sharded_parameters(optimizer, replaced: dict[int, tuple]) -> None:
-    """Point the optimizer's parameter groups at the sharded parameters that replaced theirs (`replaced`: old
-    parameter's id -> (weak reference to it, the sharded one), as runner.Accelerator records them)."""
+def follow_replaced_parameters(optimizer, replaced: dict[int, tuple]) -> None:
+    """Point the optimizer's parameter groups at the parameters that replaced theirs in prepare (FSDP's shards, a
+    model's parameters on an XLA device; `replaced`: old parameter's id -> (weak reference to it, the new one), as
+    runner.Accelerator records them)."""
 
     def new(param):
         reference, sharded = replaced.get(id(param), (None, None))
@@ -139,8 +140,9 @@ def follow_sharded_parameters(optimizer, replaced: dict[int, tuple]) -> None:
 
     if any(new(param) is not None and param in optimizer.state
            for group in optimizer.param_groups for param in group["params"]):
-        raise TypeError("Accelerator.prepare(): this optimizer already stepped on the unsharded parameters; under "
-                        "FSDP prepare it (with the model) before training")
+        raise TypeError("Accelerator.prepare(): this optimizer already stepped on parameters that preparing the "
+                        "model replaced (FSDP shards them; an XLA device gets new ones): prepare it with the model, "
+                        "before training")
     for group in optimizer.param_groups:
         group["params"] = [new(param) if new(param) is not None else param for param in group["params"]]
 

@@ -23,11 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_model
 from torch import nn
 
 from runner.checkpoint import files, sharded
-from runner.checkpoint.contents import load_plain_state, load_weights
+from runner.checkpoint.contents import load_plain_state, load_weights, on_host, save_weights
 from runner.checkpoint.files import Layout
 from runner.checkpoint.rng import capture_rng, restore_rng
 from runner.distributed.dist import all_gather_object, barrier
@@ -70,9 +69,9 @@ def save(directory: Path, objects: Objects, world_size: int, is_main: bool) -> P
         writers = {STATE_FILE: lambda path: torch.save(state, path)}
     else:
         state["optimizers"] = [optimizer.state_dict() for optimizer in objects.optimizers]
-        writers = {f"model_{index}.safetensors": (lambda path, model=model: save_model(model, str(path)))
+        writers = {f"model_{index}.safetensors": (lambda path, model=model: save_weights(model, path))
                    for index, model in enumerate(objects.models)}
-        writers[STATE_FILE] = lambda path: torch.save(state, path)
+        writers[STATE_FILE] = lambda path: torch.save(on_host(state), path)
     if is_main:
         files.write_files(parent, name, writers, fresh=layout is Layout.safetensors)
         manifest = {"step": None, "contents": "accelerator_state", "layout": layout.value, "world_size": world_size,

@@ -1,13 +1,13 @@
-"""Reading what a checkpoint holds, for the loop's Checkpointer (resume) and the Accelerator's load_state alike: the
-state file weights-only (plain data; pickled code is refused and never runs), the weights with safetensors (no
-pickle at all), each failure as one message naming the file and what to do."""
+"""Writing a model's weights and reading what a checkpoint holds, for the loop's Checkpointer (resume) and the
+Accelerator's save_state/load_state alike: the state file weights-only (plain data; pickled code is refused and never
+runs), the weights with safetensors (no pickle at all), each failure as one message naming the file and what to do."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_model
+from safetensors.torch import load_model, save_file, save_model
 from torch import nn
 
 from runner.errors import CheckpointError, first_line
@@ -27,7 +27,8 @@ def load_plain_state(file: Path, caller: str, advice: str, *, mmap: bool = False
 def load_weights(file: Path, model: nn.Module, caller: str) -> None:
     """Every tensor of the safetensors `file` into `model`, which must have exactly those names and shapes."""
     try:
-        missing, unexpected = load_model(model, str(file), strict=False)
+        missing, unexpected = (load_model(model, str(file), strict=False) if _on_host_devices(model)
+                               else _load_into_device_model(model, file))
     except Exception as err:  # a shape mismatch (RuntimeError), or a file safetensors cannot parse
         first = str(err).strip().splitlines()
         raise CheckpointError(f"{caller}: the weights in {file} do not fit this model: "
@@ -35,3 +36,67 @@ def load_weights(file: Path, model: nn.Module, caller: str) -> None:
     if missing or unexpected:
         raise CheckpointError(f"{caller}: the weights in {file} do not fit this model: missing {sorted(missing)}, "
                               f"unexpected {sorted(unexpected)}")
+
+
+def save_weights(model: nn.Module, file: Path) -> None:
+    """The model's state dict as safetensors, tied weights once (safetensors' save_model). An XLA model's tensors
+    have no host memory for safetensors to read: they are copied to the CPU first (torch_xla's xm.save does the
+    same), tied names sharing one copy, and written as save_model writes them: the alphabetically first name of a
+    tied group kept, the others named in the metadata."""
+    if _on_host_devices(model):
+        save_model(model, str(file))
+        return
+    state = model.state_dict(keep_vars=True)
+    names_of: dict[int, list[str]] = {}
+    for name, value in state.items():
+        names_of.setdefault(id(value), []).append(name)
+    weights, metadata = {}, {}
+    for names in names_of.values():
+        kept, *others = sorted(names)
+        weights[kept] = state[kept].detach().cpu().contiguous()
+        metadata.update({other: kept for other in others})
+    save_file(weights, str(file), metadata=metadata or None)
+
+
+def on_host(tree):
+    """`tree` (a state dict, nested dicts, lists and tuples) with tensors of devices torch.save cannot write portably
+    (XLA: saved, they would load back onto an XLA device even with map_location="cpu") copied to the CPU; the same
+    object when it has none, so CPU and CUDA runs save what they saved before."""
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().cpu() if tree.device.type not in HOST_DEVICES else tree
+    if isinstance(tree, dict):
+        return type(tree)((key, on_host(value)) for key, value in tree.items()) if _holds_device_tensors(tree) else tree
+    if isinstance(tree, (list, tuple)) and _holds_device_tensors(tree):
+        return type(tree)(on_host(value) for value in tree)
+    return tree
+
+
+def _holds_device_tensors(tree) -> bool:
+    if isinstance(tree, torch.Tensor):
+        return tree.device.type not in HOST_DEVICES
+    if isinstance(tree, dict):
+        return any(_holds_device_tensors(value) for value in tree.values())
+    if isinstance(tree, (list, tuple)):
+        return any(_holds_device_tensors(value) for value in tree)
+    return False
+
+
+HOST_DEVICES = ("cpu", "cuda", "meta")
+"""Devices whose tensors safetensors and torch.save read directly; others (XLA) go through a CPU copy."""
+
+
+def _on_host_devices(model: nn.Module) -> bool:
+    return all(value.device.type in HOST_DEVICES for value in model.state_dict(keep_vars=True).values())
+
+
+def _load_into_device_model(model: nn.Module, file: Path) -> tuple[list[str], list[str]]:
+    """load_model for a model on XLA (safetensors' reads the storage of each of its tensors): the file's tensors
+    copied in by load_state_dict; a name tied to a loaded one (save_weights kept one name per tied group) is not
+    missing."""
+    from safetensors.torch import load_file
+
+    loaded = load_file(str(file))
+    missing, unexpected = model.load_state_dict(loaded, strict=False)
+    state = model.state_dict(keep_vars=True)
+    filled = {id(state[name]) for name in loaded if name in state}
+    return [name for name in missing if id(state[name]) not in filled], list(unexpected)

@@ -254,7 +254,7 @@ class EMA(Callback):
     def on_fit_end(self, loop, final: dict[str, float]) -> None:
         if not (self.export and self.run.writes_files):
             return
-        from safetensors.torch import save_model
+        from runner.checkpoint.contents import save_weights
 
         path = self.run.run_dir / EMA_EXPORT
         completing = getattr(loop, "completing", False)  # a loop of your own may lack it
@@ -264,7 +264,7 @@ class EMA(Callback):
         partial = path.with_name(f".partial-{path.name}")  # a full disk must not leave a file that looks complete
         try:
             with self.averaged_weights(loop) as model:
-                save_model(model, str(partial))
+                save_weights(model, partial)
             partial.replace(path)
         except Exception as err:  # safetensors reports a failed write as its own error type, not OSError
             partial.unlink(missing_ok=True)

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import torch
 import yaml
-from safetensors.torch import save_file, save_model
+from safetensors.torch import save_file
 from torch import nn
 
 from runner.checkpoint import files, sharded
-from runner.checkpoint.contents import load_plain_state, load_weights
+from runner.checkpoint.contents import load_plain_state, load_weights, on_host, save_weights
 from runner.checkpoint.files import Layout
 from runner.checkpoint.hf_export import export_pretrained
 from runner.checkpoint.resume import refuse_another_world_size
@@ -229,8 +229,8 @@ class Checkpointer:
 
     def _write(self, model: nn.Module, state: dict, position: dict) -> None:
         writers = {
-            MODEL_FILE: lambda path: save_model(model, str(path)),
-            STATE_FILE: lambda path: torch.save(state, path),
+            MODEL_FILE: lambda path: save_weights(model, path),
+            STATE_FILE: lambda path: torch.save(on_host(state), path),
             CONFIG_FILE: lambda path: path.write_text(yaml.safe_dump(self.resolved, sort_keys=False), encoding="utf-8"),
         }
         files.write_files(self.directory, files.checkpoint_name(position["step"]), writers)

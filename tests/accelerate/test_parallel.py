@@ -62,8 +62,9 @@ def test_late_optimizer_follows_the_shards(fsdp):
     """An optimizer prepared after its model follows the shards; one that already stepped is refused."""
     following = fsdp[0][0]["following"]
     assert following["follows"] is True and following["untouched"] is True
-    assert following["refused"] == ("Accelerator.prepare(): this optimizer already stepped on the unsharded "
-                                    "parameters; under FSDP prepare it (with the model) before training")
+    assert following["refused"] == ("Accelerator.prepare(): this optimizer already stepped on parameters that "
+                                    "preparing the model replaced (FSDP shards them; an XLA device gets new ones): "
+                                    "prepare it with the model, before training")
 
 
 def test_fsdp_clip_and_accumulate_match_one_process(fsdp):

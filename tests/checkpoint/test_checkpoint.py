@@ -123,7 +123,7 @@ def test_safetensors_error_is_a_clean_write_error(tmp_path, monkeypatch, message
             handle.write(b"\0" * 1000)
         raise SafetensorError(message)
 
-    monkeypatch.setattr(checkpointer_module, "save_model", full_disk)
+    monkeypatch.setattr("runner.checkpoint.contents.save_model", full_disk)  # what save_weights calls on a CPU
     with pytest.raises(WriteError) as caught:
         save_step(checkpointer, model, optimizer, step=2)
     final = tmp_path / "checkpoints" / "step_00000002"
