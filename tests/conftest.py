@@ -45,6 +45,8 @@ def isolated_hf_cache(tmp_path_factory):
     os.environ["HF_DATASETS_CACHE"] = str(cache)
     # This machine's own defaults (python -m runner machine) must not leak into the tests: an empty config home.
     os.environ["RUNNER_CONFIG_HOME"] = str(tmp_path_factory.mktemp("runner_config_home"))
+    # The measured CPU peak (runner/distributed/peak.py) is cached per session, not in the user's ~/.cache/runner.
+    os.environ["RUNNER_CACHE_HOME"] = str(tmp_path_factory.mktemp("runner_cache_home"))
     os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
     # One thread per subprocess: the tests start many (2 ranks, a CLI run beside the test's own) on a few cores,
     # and torch's default of one thread per core would have them fight over each core.

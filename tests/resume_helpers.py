@@ -22,13 +22,13 @@ RUN = ("data.num_train=256", "data.num_validation=64", "trainer.batch_size=16", 
        "trainer.max_epochs=2", "trainer.log_every_steps=2", "trainer.eval_every_steps=10", "checkpoint.every_n_steps=3",
        # Holds a run that start() interrupts after its checkpoint (tests/dist_helpers.py); does nothing elsewhere.
        "allowed_targets=[runner.,torch.,dist_helpers.]", "+callbacks.hold._target_=dist_helpers.HoldAfterCheckpoint")
-TIMING_KEYS = ("train/samples_per_s",)
+TIMING_KEYS = ("train/samples_per_s", "train/tokens_per_s", "train/flops_per_s", "train/mfu")  # wall-clock rates
 # tests/ on the path of the runs (and their workers), for dist_helpers.HoldAfterCheckpoint.
 HELPERS_ENV = {"PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
 
 
 def run_cli(*overrides: str, cwd: Path):
-    return run_cli_with(*overrides, cwd=cwd, env=HELPERS_ENV)  # wall-clock throughput: the one logged value that may differ
+    return run_cli_with(*overrides, cwd=cwd, env=HELPERS_ENV)
 
 
 def start(cwd: Path, run_dir: Path, hold_after: int, *overrides: str) -> subprocess.Popen:

@@ -32,8 +32,10 @@ from runner.training.loop import Loop, planned_steps
 from runner.training.metrics import Progress
 from runner.accelerate.parallel import prepare_blocks
 from runner.training.batch_plan import BatchPlan
+from runner.distributed.peak import Peak, device_peak
 from runner.distributed.signals import StopSignals
 from runner.training.summary import data_summary, model_summary, schedule_summary
+from runner.training.throughput import Throughput, count_flops_per_sample
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,8 @@ class Parts:
     val_batches: Any
     task: Any
     total_steps: int
+    flops_per_sample: float | None = None  # forward and backward of one sample; None: not counted (`counted` says why)
+    counted: str = ""
 
 
 def build_parts(config: RunConfig, batch: BatchPlan, accelerator: Accelerator, splits=None) -> Parts:
@@ -67,6 +71,14 @@ def build_parts(config: RunConfig, batch: BatchPlan, accelerator: Accelerator, s
     set_seed(config.seed)
     model = build_model(config.model)
     fit_statistics(model, splits["train"], config.task)
+    splits = overfit_splits(splits, trainer, batch)  # after the model is sized from the whole training split
+    train_batches = make_batches(splits["train"], batch.per_device, trainer.overfit_batches is None, config.seed,
+                                 trainer.data_in_memory_mb)
+    val_batches = make_batches(splits["validation"], trainer.eval_batch_size or batch.per_device, False, config.seed,
+                               trainer.data_in_memory_mb)
+    task = build_task(config.task)
+    # Counted on the plain model, before precision, checkpointing or compile wrap it (runner/training/throughput.py).
+    flops_per_sample, counted = count_flops_per_sample(model, task, next(iter(train_batches)))
     # fp8 swaps Linear layers for Float8Linear: before the optimizer is built from the parameters.
     model = accelerator.convert_precision(model)
     log.info("%s", model_summary(model))
@@ -83,13 +95,7 @@ def build_parts(config: RunConfig, batch: BatchPlan, accelerator: Accelerator, s
         log.warning("%s", accelerator.precision.speed_warning())
     log.info("%s", batch.describe())
     optimizer = build_optimizer(config.optimizer, model)
-    splits = overfit_splits(splits, trainer, batch)  # after the model is sized from the whole training split
     log.info("%s", data_summary(splits))
-    train_batches = make_batches(splits["train"], batch.per_device, trainer.overfit_batches is None, config.seed,
-                                 trainer.data_in_memory_mb)
-    val_batches = make_batches(splits["validation"], trainer.eval_batch_size or batch.per_device, False, config.seed,
-                               trainer.data_in_memory_mb)
-    task = build_task(config.task)
     prepared_model, prepared_optimizer, train_batches, val_batches = accelerator.prepare(
         model, optimizer, train_batches, val_batches
     )
@@ -98,7 +104,7 @@ def build_parts(config: RunConfig, batch: BatchPlan, accelerator: Accelerator, s
     log.info("%s", schedule_summary(steps_per_epoch, total_steps, trainer.max_epochs))
     scheduler = accelerator.prepare(build_scheduler(config.scheduler, optimizer, total_steps))
     return Parts(model, optimizer, prepared_model, prepared_optimizer, scheduler, train_batches, val_batches, task,
-                 total_steps)
+                 total_steps, flops_per_sample, counted)
 
 
 def make_loop(parts: Parts, config: RunConfig, batch: BatchPlan, accelerator: Accelerator, run_dir: Path, *,
@@ -117,6 +123,11 @@ def make_loop(parts: Parts, config: RunConfig, batch: BatchPlan, accelerator: Ac
                                  monitor_mode=trainer.monitor_mode, world_size=accelerator.num_processes,
                                  resolved=plain(config), layout=checkpoint_layout(config))
                     if checkpoints and writes else Checkpointer.disabled())
+    # The peak is looked up (on a CPU, measured once per machine) only where there are FLOPs to divide by it.
+    peak = (device_peak(accelerator.device, config.precision.kind.value) if parts.flops_per_sample
+            else Peak(None, "no FLOP count"))
+    throughput = Throughput(parts.flops_per_sample, peak, parts.counted)
+    log.info("%s", throughput.describe(getattr(parts.task, "tokens_per_sample", None)))
     return Loop(
         accelerator, parts.prepared_model, parts.prepared_optimizer, parts.scheduler, parts.train_batches,
         parts.val_batches, parts.task, trainer, batch,
@@ -125,6 +136,7 @@ def make_loop(parts: Parts, config: RunConfig, batch: BatchPlan, accelerator: Ac
         checkpointer=checkpointer,
         stop=StopSignals(config.checkpoint.stop_signals, accelerator.dist.is_distributed),
         callbacks=callbacks,
+        throughput=throughput,
     )
 
 

@@ -18,7 +18,9 @@ from runner.config import NonFinitePolicy, TrainerConfig
 from runner.distributed.dist import all_reduce_sum
 from runner.errors import NonFiniteLoss, Preempted
 from runner.training.batch_plan import BatchPlan
+from runner.distributed.peak import Peak
 from runner.distributed.signals import NoStopSignals
+from runner.training.throughput import Throughput
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +104,7 @@ class Loop:
 
     def __init__(self, accelerator, model, optimizer, scheduler, train_batches, val_batches, task,
                  settings: TrainerConfig, batch: BatchPlan, *, logger, progress, checkpointer, stop=None,
-                 callbacks: Callbacks | None = None):
+                 callbacks: Callbacks | None = None, throughput: Throughput | None = None):
         self.accelerator = accelerator
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.train_batches, self.val_batches, self.task = train_batches, val_batches, task
@@ -116,6 +118,7 @@ class Loop:
         self.samples_per_micro_batch = batch.per_device * batch.processes
         # Read once: a task whose samples have a fixed length in tokens (language models) gets tokens/s logged.
         self.tokens_per_sample = getattr(task, "tokens_per_sample", None)
+        self.throughput = throughput or Throughput(None, Peak(None, ""), "not counted")
         self.state = TrainState()
         self.last_eval_step, self.last_metrics = -1, {}
         self.step_metrics: dict[str, float] = {}  # everything logged at the current step (for keep-best)
@@ -287,6 +290,7 @@ class Loop:
         }
         if self.tokens_per_sample:
             metrics["train/tokens_per_s"] = metrics["train/samples_per_s"] * self.tokens_per_sample
+        metrics.update(self.throughput.metrics(metrics["train/samples_per_s"], self.accelerator.num_processes))
         if grad_norm is not None:
             metrics["train/grad_norm"] = float(grad_norm)
         if self.skip_nonfinite:

@@ -16,7 +16,7 @@ ONE_PROCESS = [
     "runner.run.wiring: device cpu | precision fp", "runner.run.wiring: batch",
     "runner.config.instantiate: AdamW parameter groups",
     "runner.run.wiring: data", "runner.run.wiring: schedule", "runner.run.wiring: fast_dev_run",
-    "runner.training.metrics: step", "runner.training.metrics: step", "runner.training.loop: step",
+    "runner.run.wiring: throughput", "runner.training.metrics: step", "runner.training.metrics: step", "runner.training.loop: step",
     "runner: final val/loss=", "runner: done in",
 ]
 TWO_PROCESSES = [

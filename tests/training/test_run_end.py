@@ -77,7 +77,8 @@ CALLBACKS = ("callbacks=[early_stopping,ema,lr_monitor,throughput,profiler]", "c
              "allowed_targets=[runner.,torch.,datasets.,runhelpers.]")
 RUN = (*TINY, "trainer.max_steps=12", "trainer.eval_every_steps=4", "trainer.log_every_steps=2",
        "checkpoint.every_n_steps=3", "logger=[tensorboard]", *CALLBACKS)
-TIMING = ("train/samples_per_s", "perf/")  # wall-clock values: the only logged ones that may differ
+# Wall-clock rates: the only logged values that may differ.
+TIMING = ("train/samples_per_s", "train/tokens_per_s", "train/flops_per_s", "train/mfu", "perf/")
 
 
 @pytest.fixture

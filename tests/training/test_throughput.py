@@ -1,0 +1,132 @@
+"""FLOPs counted per sample, the device's peak, and the train/flops_per_s and train/mfu the loop logs."""
+
+import json
+import re
+
+import pytest
+import torch
+import yaml
+
+from runner.distributed.peak import Peak, cpu_peak, device_peak, gpu_peak
+from runner.models.gpt import GPT
+from runner.training.tasks import LanguageModeling, Task
+from runner.training.throughput import Throughput, count_flops_per_sample
+from tests.conftest import ROOT, TINY, read_jsonl
+
+VOCAB = 80  # the Shakespeare corpus's characters (docs/benchmarks.md)
+
+
+def gpt_recipe_model() -> tuple[GPT, int, dict]:
+    """The gpt recipe's model (recipes/gpt.yaml's sizes; its batch and context)."""
+    recipe = yaml.safe_load((ROOT / "recipes" / "gpt.yaml").read_text())
+    sizes = {key: recipe["model"][key] for key in ("n_layer", "n_head", "n_embd", "dropout")}
+    block = recipe["data"]["block_size"]
+    torch.manual_seed(0)
+    return GPT(VOCAB, block, **sizes), recipe["trainer"]["batch_size"], sizes
+
+
+def test_gpt_step_flops_match_the_analytic_count():
+    """The counted FLOPs of the gpt recipe's training step are within 5% of 6N + 12 L H Q T per token."""
+    model, batch_size, sizes = gpt_recipe_model()
+    block = model.block_size
+    batch = {"input_ids": torch.randint(0, VOCAB, (batch_size, block)),
+             "labels": torch.randint(0, VOCAB, (batch_size, block))}
+    counted, how = count_flops_per_sample(model, LanguageModeling(tokens_per_sample=block), batch)
+    # PaLM's count (Chowdhery et al. 2022, appendix B), as nanoGPT's estimate_mfu: 6 FLOPs per parameter per token
+    # (forward 2, backward 4) over the parameters that multiply (the position table is looked up, not multiplied;
+    # the token table is, as the tied head), plus attention's two T x T products per layer, forward and backward.
+    parameters = sum(p.numel() for p in model.parameters()) - model.position_embedding.weight.numel()
+    layers, width = sizes["n_layer"], sizes["n_embd"]
+    analytic_per_token = 6 * parameters + 12 * layers * width * block
+    assert counted is not None, how
+    ratio = counted / (analytic_per_token * block)
+    assert abs(ratio - 1) < 0.05, (counted, analytic_per_token * block, ratio)
+    assert "torch.utils.flop_counter" in how
+
+
+def test_counting_touches_no_weight_gradient_or_rng():
+    model, _, _ = gpt_recipe_model()
+    before = {name: value.clone() for name, value in model.state_dict().items()}
+    batch = {"input_ids": torch.randint(0, VOCAB, (2, 8)), "labels": torch.randint(0, VOCAB, (2, 8))}
+    rng = torch.get_rng_state()
+    counted, _ = count_flops_per_sample(model, LanguageModeling(), batch)
+    assert counted and counted > 0
+    assert all(torch.equal(before[name], value) for name, value in model.state_dict().items())
+    assert all(parameter.grad is None for parameter in model.parameters())
+    assert torch.equal(torch.get_rng_state(), rng)
+
+
+class ReadsItsInput(torch.nn.Module):
+    """A model whose forward reads a value from its input: impossible on the meta device."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.linear(x) * float(x.sum().item() > 0)
+
+
+def test_a_model_that_fails_on_meta_is_not_counted():
+    batch = {"x": torch.randn(2, 4), "y": torch.tensor([0, 1])}
+    counted, how = count_flops_per_sample(ReadsItsInput(), Task("x", "y"), batch)
+    assert counted is None
+    assert how.startswith("not counted: the model's step failed on the meta device (")
+    throughput = Throughput(counted, Peak(1e12, "a test"), how)
+    assert throughput.metrics(100.0, 1) == {}
+    assert throughput.describe() == f"throughput: FLOP/s and MFU not logged: FLOPs {how}"
+
+
+@pytest.mark.parametrize(("name", "precision", "tf32", "tflops"), [
+    ("NVIDIA H100 80GB HBM3", "bf16", False, 989.4),
+    ("NVIDIA H100 PCIe", "bf16", False, 756.0),
+    ("NVIDIA H200", "fp8", False, 1978.9),
+    ("NVIDIA A100-SXM4-80GB", "fp32", True, 156.0),
+    ("NVIDIA A100-SXM4-80GB", "fp32", False, 19.5),
+])
+def test_gpu_peak_from_the_datasheet_table(name, precision, tf32, tflops):
+    peak = gpu_peak(name, precision, tf32)
+    assert peak.flops_per_s == pytest.approx(tflops * 1e12)
+    assert name in peak.source
+
+
+def test_gpu_peak_unknown_says_why():
+    assert gpu_peak("NVIDIA GeForce GT 710", "fp32").flops_per_s is None
+    assert "not in runner/distributed/peak.py's table" in gpu_peak("NVIDIA GeForce GT 710", "fp32").source
+    v100 = gpu_peak("Tesla V100-SXM2-16GB", "bf16")
+    assert v100.flops_per_s is None and "no bf16 tensor-core figure" in v100.source
+    assert device_peak(torch.device("meta"), "fp32").flops_per_s is None
+
+
+def test_cpu_peak_is_measured_once_and_cached(tmp_path):
+    first = cpu_peak("fp32", 1, tmp_path)
+    assert first.flops_per_s > 1e8 and "measured now" in first.source  # any CPU of this century: > 0.1 GFLOP/s
+    cached = json.loads((tmp_path / "peak_flops.json").read_text())
+    (key,) = cached
+    assert key.endswith("| 1 thread(s) | float32") and cached[key] == first.flops_per_s
+    again = cpu_peak("fp32", 1, tmp_path)
+    assert again.flops_per_s == first.flops_per_s and "cached in" in again.source
+    # A damaged cache is measured again, not trusted.
+    (tmp_path / "peak_flops.json").write_text("{not json")
+    assert "measured now" in cpu_peak("fp32", 1, tmp_path).source
+
+
+def test_the_loop_logs_flops_per_second_and_mfu(cli, tmp_path):
+    """train/flops_per_s = samples/s x counted FLOPs per sample / processes; train/mfu = that / the cached peak."""
+    cache = tmp_path / "cache"
+    result = cli(*TINY, "trainer.log_every_steps=2", "trainer.max_steps=6", env={"RUNNER_CACHE_HOME": str(cache)})
+    assert result.returncode == 0, result.output
+    line = next(text for text in result.output.splitlines() if "throughput: " in text)
+    assert "per sample (counted on one step's forward and backward by torch.utils.flop_counter)" in line
+    assert "measured now" in line
+    (peak,) = json.loads((cache / "peak_flops.json").read_text()).values()
+    # The default recipe's model, counted here the same way, gives the per-sample figure the loop divides by.
+    rows = [row for row in read_jsonl(result.run_dir() / "metrics.jsonl") if "train/loss" in row]
+    assert len(rows) == 3
+    per_sample = {row["train/flops_per_s"] / row["train/samples_per_s"] for row in rows}
+    assert max(per_sample) / min(per_sample) - 1 < 1e-9  # one count, used for every log
+    shown = float(re.search(r"throughput: ([\d.]+) MFLOP per sample", line).group(1)) * 1e6  # 3 significant digits
+    assert abs(min(per_sample) / shown - 1) < 0.005, (per_sample, line)
+    for row in rows:
+        assert row["train/mfu"] == pytest.approx(row["train/flops_per_s"] / peak, rel=1e-12)
+        assert 0 < row["train/mfu"] < 1
