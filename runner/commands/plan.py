@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
 def describe_run(spec) -> str:
-    """What `spec` (runner.run.compose.load's RunSpec) would train, per process: the model built on the meta device (no
-    data is built, unless the model's sizes come from it), its weights, gradients and optimizer state for the
-    parallel setting and precision (runner/accelerate/memory.py), the batch, the steps, and whether it fits the memory of the
-    devices present, and how long saving a checkpoint takes at the write speed measured where the run dir will be."""
+    """What `spec` (runner.run.compose.load's RunSpec) would train, per process: the model built on the meta device,
+    its weights, gradients and optimizer state for the parallel setting and precision (runner/accelerate/memory.py),
+    the batch, the steps, whether it fits the memory of the devices present, the FLOPs of a step and the least time
+    they take on this machine's device (counted on one batch of the data), and how long saving a
+    checkpoint takes at the write speed measured where the run dir will be."""
     import torch
 
     from runner.config.instantiate import build_data, build_model, build_optimizer
@@ -35,7 +37,7 @@ def describe_run(spec) -> str:
     steps = (f"at most {trainer.max_steps} optimizer steps (trainer.max_steps) within {trainer.max_epochs} epoch(s)"
              if trainer.max_steps else
              f"{trainer.max_epochs} epoch(s), each of (training rows / {batch.global_batch}, the global batch) "
-             "optimizer steps (the plan builds no data; `runner recipes validate NAME` counts them)")
+             "optimizer steps (`runner recipes validate NAME` counts them)")
     capacity = memory_per_process(hardware)
     if capacity is None:
         fits = f"unknown: the memory of a {hardware.device_type} device is not known here"
@@ -52,8 +54,58 @@ def describe_run(spec) -> str:
         batch.describe(),
         f"steps: {steps}",
         f"fits: {fits}",
+        _step_time(spec, model_node),
         _save_time(memory.weight_bytes + memory.optimizer_bytes, Path(spec.run_dir)),
     ])
+
+
+def _step_time(spec, model_node) -> str:
+    """The FLOPs of one optimizer step per process (counted as the run counts them, runner/training/throughput.py,
+    on the model built on the meta device and one batch of the data) and the least time they take at the peak
+    of this machine's device for the run's precision (runner/distributed/peak.py). Generated data is built with
+    one batch of rows; data from files is read as a run reads it."""
+    import torch
+
+    from runner.config.instantiate import build_data, build_model, build_task
+    from runner.data.batches import make_batches
+    from runner.distributed.peak import device_peak
+    from runner.errors import RunnerError, first_line
+    from runner.training.throughput import count_flops_per_sample, human_flops
+
+    config, hardware, batch = spec.config, spec.hardware, spec.batch
+    # One batch is all the count needs: generated data (data.num_train) is made that small, not at full size.
+    data = dict(config.data)
+    for key in ("num_train", "num_validation"):
+        if isinstance(data.get(key), int):
+            data[key] = min(data[key], batch.per_device)
+    try:
+        train = build_data(data)["train"]
+    except (RunnerError, OSError) as err:
+        return f"step time: unknown, the data to count a step's FLOPs on could not be built ({first_line(err)})"
+    with torch.device("meta"):
+        model = build_model(model_node)
+    rows = make_batches(train, batch.per_device, False, config.seed, config.trainer.data_in_memory_mb)
+    per_sample, counted = count_flops_per_sample(model, build_task(config.task), next(iter(rows)))
+    if per_sample is None:
+        return f"step time: unknown, FLOPs {counted}"
+    per_step = per_sample * batch.global_batch / batch.processes
+    device = {"cuda": torch.device("cuda", 0)}.get(hardware.device_type, torch.device(hardware.device_type))
+    if hardware.device_type == "cuda" and not torch.cuda.is_available():
+        return f"step time: {human_flops(per_step)} per process per optimizer step; no CUDA GPU here to time it on"
+    threads = torch.get_num_threads()
+    if hardware.device_type == "cpu":  # the threads each of the run's processes will have (the workers' rule)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        torch.set_num_threads(hardware.threads_per_process or max(1, cores // hardware.processes_per_machine))
+    try:
+        peak = device_peak(device, config.precision.kind.value)
+    finally:
+        torch.set_num_threads(threads)
+    if not peak.flops_per_s:
+        return f"step time: {human_flops(per_step)} per process per optimizer step; {peak.source}"
+    return (f"step time: {human_flops(per_step)} per process per optimizer step ({human_flops(per_sample)} per "
+            f"sample, {counted}) -> at least {per_step / peak.flops_per_s * 1e3:.3g} ms at the device's peak of "
+            f"{human_flops(peak.flops_per_s)}/s ({peak.source}); the run logs train/mfu, the share of that peak "
+            "it reaches")
 
 
 PROBE_BYTES = (4 << 20, 64 << 20)

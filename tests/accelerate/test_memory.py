@@ -70,17 +70,23 @@ def test_ddp_adds_buckets_and_fsdp_holds_a_share():
     assert plan_of(torch.optim.AdamW, fsdp, 4, PrecisionKind.bf16, lr=1e-3).gathered_bytes == (own + 2 * block) * 2
 
 
-def test_runner_plan_prints_without_building_data(capsys, monkeypatch):
-    """runner plan prints the figures without building the data."""
+def test_runner_plan_builds_one_batch_of_data(capsys, monkeypatch):
+    """runner plan prints the figures, generating one batch of rows (for the step's FLOPs), never the whole data."""
     spec = load(["hardware=multi_cpu", "hardware.num_processes=2", "parallel=fsdp", "precision=bf16",
                  "trainer.batch_size=32", "trainer.micro_batch_size=8", "trainer.max_steps=50",
-                 "data.num_train=999999999"])  # a dataset that would take minutes to generate: never built
+                 "data.num_train=999999999"])  # a dataset that would take minutes to generate: never built whole
+    from runner.config import instantiate
 
-    def refuse(*args, **kwargs):
-        raise AssertionError("runner plan built the data")
+    built = []
 
-    monkeypatch.setattr("runner.config.instantiate.build_data", refuse)  # a fact, not a stopwatch: no data is built at all
+    def one_batch_at_most(node):
+        built.append((node["num_train"], node["num_validation"]))
+        return real_build_data(node)
+
+    real_build_data = instantiate.build_data
+    monkeypatch.setattr("runner.config.instantiate.build_data", one_batch_at_most)  # a fact, not a stopwatch
     text = describe_run(spec)
+    assert built == [(8, 8)]  # the per-device batch
     lines = text.splitlines()
     assert lines[0] == "plan: parallel fsdp on 2 cpu process(es), precision bf16"
     assert lines[1] == "model: 69,130 parameters (SeqTransformer)"  # conf/model/seq_transformer.yaml
@@ -90,14 +96,25 @@ def test_runner_plan_prints_without_building_data(capsys, monkeypatch):
     assert lines[3] == "batch: 32 global per optimizer step = 8 per device x 2 process(es) x 2 accumulation step(s)"
     assert lines[4] == "steps: at most 50 optimizer steps (trainer.max_steps) within 3 epoch(s)"
     by_epochs = describe_run(load(["trainer.max_steps=null", "trainer.max_epochs=2"])).splitlines()[4]
-    assert by_epochs == ("steps: 2 epoch(s), each of (training rows / 64, the global batch) optimizer steps (the plan "
-                         "builds no data; `runner recipes validate NAME` counts them)")
+    assert by_epochs == ("steps: 2 epoch(s), each of (training rows / 64, the global batch) optimizer steps "
+                         "(`runner recipes validate NAME` counts them)")
     assert lines[5].startswith("fits: yes, 675.2 KiB of ") and lines[5].endswith(" per process, before activations")
+    # A step's FLOPs per process (16 of the global batch of 32) and the least time they take at the peak measured
+    # with the threads each of the 2 processes will have.
+    flops = r"([\d.]+ [MGT]?FLOP)"
+    step = re.fullmatch(rf"step time: {flops} per process per optimizer step \({flops} per sample, counted on one "
+                        rf"step's forward and backward by torch.utils.flop_counter\) -> at least ([\d.]+) ms at "
+                        rf"the device's peak of {flops}/s \(a 1024x1024 bfloat16 matmul on \d+ thread\(s\), "
+                        r"measured (now|earlier, cached in \S+)\); the run logs train/mfu, the share of that peak it reaches", lines[6])
+    assert step, lines[6]
+    per_step, per_sample, peak = (flop_count(step.group(index)) for index in (1, 2, 4))
+    assert per_step == pytest.approx(16 * per_sample, rel=0.01)  # both printed to 3 significant digits
+    assert float(step.group(3)) == pytest.approx(per_step / peak * 1e3, rel=0.02)
     # Weights and optimizer state (the checkpoint), and the time writing them takes at the speed measured here.
     saved = re.fullmatch(r"checkpoint: 405.2 KiB per process \(weights and optimizer state\); ([\d.]+ [KMG]?i?B)/s "
                          r"measured writing to (\S+) -> about ([\d.]+) s per save \(SIGTERM's grace period must "
-                         r"cover one optimizer step and this\)", lines[6])
-    assert saved and Path(saved.group(2)).is_dir() and float(saved.group(3)) >= 0, lines[6]
+                         r"cover one optimizer step and this\)", lines[7])
+    assert saved and Path(saved.group(2)).is_dir() and float(saved.group(3)) >= 0, lines[7]
     assert not list(Path(saved.group(2)).glob(".runner-write-probe-*"))  # the probe file is gone
 
     cli_main(["plan", "parallel=ddp", "hardware=multi_cpu", "hardware.num_processes=2",  # `runner plan ...`
@@ -109,6 +126,12 @@ def test_runner_plan_prints_without_building_data(capsys, monkeypatch):
         main(["parallel=fsdp", "precision=fp16", "hardware=multi_cpu"])
     assert refused.value.code == 1
     assert "runner: error: bad config: precision: is fp16, which parallel=fsdp does not support" in capsys.readouterr().err
+
+
+def flop_count(text: str) -> float:
+    """'79.8 MFLOP' -> 79.8e6 (runner.training.throughput.human_flops, read back)."""
+    number, unit = text.split()
+    return float(number) * {"FLOP": 1, "MFLOP": 1e6, "GFLOP": 1e9, "TFLOP": 1e12}[unit]
 
 
 def test_human_sizes():
