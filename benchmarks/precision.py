@@ -1,4 +1,5 @@
-"""Training steps/s of each precision relative to fp32 on this device, for runner.Accelerator and a plain loop.
+"""Training steps/s of each precision relative to fp32 on this device, for runner.Accelerator and a plain loop, and
+the loss each precision reaches after the same steps (what the speed costs in accuracy).
 
     python benchmarks/precision.py                 # fp32, bf16, fp16 on this machine's default device
     python benchmarks/precision.py --fp8 --rounds 5
@@ -56,6 +57,10 @@ def plain_steps(precision: str, batches, width: int, device: torch.device) -> fl
     return len(batches) / (CLOCK[0]() - start)
 
 
+LAST_LOSS: dict[str, float] = {}
+"""The runner loop's loss at its last step, per precision: the same seed, data and steps in every round."""
+
+
 def runner_steps(precision: str, batches, width: int, device: torch.device) -> float:
     accelerator = Accelerator(device, precision)
     model = accelerator.convert_precision(make_model(width, device))
@@ -69,7 +74,9 @@ def runner_steps(precision: str, batches, width: int, device: torch.device) -> f
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
     _sync(device)
-    return len(batches) / (CLOCK[0]() - start)
+    elapsed = CLOCK[0]() - start
+    LAST_LOSS[precision] = loss.item()
+    return len(batches) / elapsed
 
 
 def _sync(device: torch.device) -> None:
@@ -111,11 +118,14 @@ def main() -> None:
     print(f"device {device} ({torch.backends.cpu.get_cpu_capability() if device.type == 'cpu' else torch.cuda.get_device_name()}), "
           f"torch {torch.__version__}, MLP width {args.width}, batch {args.batch_size}, {args.steps} steps x {args.rounds} rounds, "
           f"{clock} clock")
-    print(f"{'precision':<10}{'plain steps/s':>15}{'vs fp32':>9}{'runner steps/s':>16}{'vs fp32':>9}{'runner/plain':>14}")
+    print(f"{'precision':<10}{'plain steps/s':>15}{'vs fp32':>9}{'runner steps/s':>16}{'vs fp32':>9}{'runner/plain':>14}"
+          f"{f'loss@{args.steps}':>12}{'vs fp32':>10}")
     for precision in precisions:
         plain, runner = median["plain", precision], median["runner", precision]
+        loss = LAST_LOSS[precision]
         print(f"{precision:<10}{plain:>15.1f}{plain / median['plain', 'fp32']:>9.2f}"
-              f"{runner:>16.1f}{runner / median['runner', 'fp32']:>9.2f}{runner / plain:>14.2f}")
+              f"{runner:>16.1f}{runner / median['runner', 'fp32']:>9.2f}{runner / plain:>14.2f}"
+              f"{loss:>12.4f}{loss - LAST_LOSS['fp32']:>+10.4f}")
 
 
 if __name__ == "__main__":

@@ -243,3 +243,23 @@ def test_baselines_score_the_recipe_validation_split(tmp_path):
     assert held_out["label"] == [recipe_split.dataset.features["label"].int2str(label)
                                  for label in recipe_split.dataset["label"]]
     assert 0.98 < baselines.digits_baseline() < 1.0  # an RBF SVC on the bundled digits' 360 held-out images
+
+
+def test_precision_benchmark_reports_speed_and_loss(tmp_path):
+    """benchmarks/precision.py: a row per precision with steps/s against fp32 and the loss after the same steps,
+    against fp32's (the fp32 row's difference is zero; bf16's is small but its own)."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "precision.py"), "--steps", "6", "--rounds", "1",
+                           "--width", "32", "--batch-size", "16"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[1].split() == ["precision", "plain", "steps/s", "vs", "fp32", "runner", "steps/s", "vs", "fp32",
+                                "runner/plain", "loss@6", "vs", "fp32"]
+    rows = {line.split()[0]: line.split()[1:] for line in lines[2:]}
+    assert set(rows) == {"fp32", "bf16", "fp16"}
+    assert rows["fp32"][1] == rows["fp32"][3] == "1.00" and rows["fp32"][6] == "+0.0000"
+    for precision in ("bf16", "fp16"):
+        loss, difference = float(rows[precision][5]), float(rows[precision][6])
+        assert difference == pytest.approx(loss - float(rows["fp32"][5]), abs=2e-4)  # both printed to 4 places
+        assert abs(difference) < 0.05  # 6 steps of a 32-wide MLP: rounding, not divergence
