@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 
@@ -68,6 +67,7 @@ def _step_time(spec, model_node) -> str:
 
     from runner.config.instantiate import build_data, build_model, build_task
     from runner.data.batches import make_batches
+    from runner.distributed.dist import DistInfo, threads_per_process
     from runner.distributed.peak import device_peak
     from runner.errors import first_line
     from runner.training.throughput import count_flops_per_sample, human_flops
@@ -93,9 +93,10 @@ def _step_time(spec, model_node) -> str:
     if hardware.device_type == "cuda" and not torch.cuda.is_available():
         return f"step time: {human_flops(per_step)} per process per optimizer step; no CUDA GPU here to time it on"
     threads = torch.get_num_threads()
-    if hardware.device_type == "cpu":  # the threads each of the run's processes will have (the workers' rule)
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        torch.set_num_threads(hardware.threads_per_process or max(1, cores // hardware.processes_per_machine))
+    if hardware.device_type == "cpu":  # the threads each of the run's processes will have: the workers' own rule
+        planned = threads_per_process(DistInfo(local_world_size=hardware.processes_per_machine),
+                                      hardware.threads_per_process)
+        torch.set_num_threads(planned or threads)
     try:
         peak = device_peak(device, config.precision.kind.value)
     finally:

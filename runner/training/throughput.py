@@ -10,7 +10,6 @@ attention to within a few tenths of a percent (tests/training/test_throughput.py
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import torch
@@ -18,8 +17,6 @@ from torch import nn
 
 from runner.distributed.peak import Peak
 from runner.errors import first_line
-
-log = logging.getLogger(__name__)
 
 
 class _OnMeta:
