@@ -62,13 +62,13 @@ def on_host(tree):
     """`tree` (a state dict, nested dicts, lists and tuples) with tensors of devices torch.save cannot write portably
     (XLA: saved, they would load back onto an XLA device even with map_location="cpu") copied to the CPU; the same
     object when it has none, so CPU and CUDA runs save what they saved before."""
+    if not _holds_device_tensors(tree):
+        return tree
     if isinstance(tree, torch.Tensor):
-        return tree.detach().cpu() if tree.device.type not in HOST_DEVICES else tree
+        return tree.detach().cpu()
     if isinstance(tree, dict):
-        return type(tree)((key, on_host(value)) for key, value in tree.items()) if _holds_device_tensors(tree) else tree
-    if isinstance(tree, (list, tuple)) and _holds_device_tensors(tree):
-        return type(tree)(on_host(value) for value in tree)
-    return tree
+        return type(tree)((key, on_host(value)) for key, value in tree.items())
+    return type(tree)(on_host(value) for value in tree)
 
 
 def _holds_device_tensors(tree) -> bool:
