@@ -65,8 +65,8 @@ class CheckpointError(RunnerError):
 
 
 class ResumeRefused(CheckpointError):
-    """A checkpoint this run cannot continue from (altered after it was written, another process count):
-    resume=auto would meet the same refusal, so the message does not suggest it."""
+    """A checkpoint this run cannot continue from (altered after it was written, or not exactly on this process
+    count): resume=auto would meet the same refusal, so the message does not suggest it."""
 
     resume_helps = False
 

@@ -34,9 +34,12 @@ def checkpointer_in(run_dir, mode=MonitorMode.max, **settings) -> Checkpointer:
                         monitor_mode=mode, world_size=1, resolved=RESOLVED)
 
 
-def save_step(checkpointer, model, optimizer, step, accuracy=None, final=False):
+def save_step(checkpointer, model, optimizer, step, accuracy=None, final=False, global_batch=None):
+    """`global_batch`: recorded in the manifest as the loop records it (absent: as in older checkpoints)."""
     metrics = {} if accuracy is None else {"val/accuracy": accuracy}
     position = {"step": step, "epoch": 0, "batch_in_epoch": step}
+    if global_batch is not None:
+        position.update(samples_in_epoch=step * global_batch, global_batch=global_batch)
     state = {"optimizer": optimizer.state_dict(), "loop": {"step": step}}
     path = checkpointer.save(model, state, position, metrics, final=final)
     checkpointer.wait()  # sealing runs in the background; its errors surface here

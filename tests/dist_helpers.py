@@ -7,6 +7,7 @@ raises at step k" happen inside a real run.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -130,6 +131,25 @@ class HoldAfterCheckpoint(Callback):
     def __init__(self):
         step, _, directory = os.environ.get("RUNNER_TEST_HOLD", "").partition(":")
         self.step, self.directory, self.held = int(step or 0), directory, False
+        self.rows_dir = os.environ.get("RUNNER_TEST_ROWS")
+
+    def on_fit_start(self, loop) -> None:
+        """With RUNNER_TEST_ROWS=<dir>, every rank appends each training micro-batch's rows (its "source" digits,
+        distinct per row) to <dir>/rows_rank<r>.jsonl with the optimizer step it counts towards: the test that
+        resumes on another process count rebuilds each global batch from them (read_global_batches)."""
+        if not self.rows_dir or getattr(loop, "recording_rows", False):
+            return
+        loop.recording_rows = True
+        train_on = loop.micro_step
+        path = Path(self.rows_dir) / f"rows_rank{loop.accelerator.process_index}.jsonl"
+
+        def micro_step(batch):
+            rows = ["".join(map(str, row)) for row in batch["source"].tolist()]
+            with path.open("a", encoding="utf-8") as file:
+                file.write(json.dumps({"step": loop.state.step + 1, "rows": rows}) + "\n")
+            return train_on(batch)
+
+        loop.micro_step = micro_step
 
     def on_save(self, loop, path) -> None:
         if not self.directory or self.held or path is None or loop.state.step < self.step:
@@ -158,3 +178,21 @@ class SignalDuringEvaluation(SequenceToSequence):
         if self.batches == self.signal_at:
             os.kill(os.getpid(), signal.SIGTERM)
         return super().evaluation_stats(model, batch)
+
+
+def read_global_batches(rows_dir: Path, processes: int) -> dict[int, list[str]]:
+    """The rows of each optimizer step's global batch, in the epoch's order, from what HoldAfterCheckpoint recorded:
+    rank r's j-th row of a micro-batch is position r + j * processes of that micro-batch across the ranks
+    (runner/data/batches.py deals every processes-th row of the order to each rank)."""
+    per_rank = []
+    for rank in range(processes):
+        steps: dict[int, list[list[str]]] = {}
+        for line in (rows_dir / f"rows_rank{rank}.jsonl").read_text(encoding="utf-8").splitlines():
+            record = json.loads(line)
+            steps.setdefault(record["step"], []).append(record["rows"])
+        per_rank.append(steps)
+    batches = {}
+    for step in per_rank[0]:
+        micro_batches = zip(*(ranks[step] for ranks in per_rank))  # the i-th micro-batch of every rank
+        batches[step] = [row for micro in micro_batches for dealt in zip(*micro) for row in dealt]
+    return batches

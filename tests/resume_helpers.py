@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 from conftest import ROOT, read_jsonl, read_scalars, wait_for
 from conftest import run_cli as run_cli_with
+from dist_helpers import read_global_batches
 from runner.checkpoint import complete_checkpoints
 
 # 256 rows / 16 per batch = 16 batches per epoch, 2 epochs; a checkpoint every 3 optimizer steps.
@@ -27,8 +28,24 @@ TIMING_KEYS = ("train/samples_per_s", "train/tokens_per_s", "train/flops_per_s",
 HELPERS_ENV = {"PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
 
 
-def run_cli(*overrides: str, cwd: Path):
-    return run_cli_with(*overrides, cwd=cwd, env=HELPERS_ENV)
+def run_cli(*overrides: str, cwd: Path, rows: Path | None = None):
+    """`rows`: a new folder where every rank records the rows it trains on (dist_helpers.HoldAfterCheckpoint)."""
+    env = dict(HELPERS_ENV)
+    if rows is not None:
+        rows.mkdir(parents=True)
+        env["RUNNER_TEST_ROWS"] = str(rows)
+    return run_cli_with(*overrides, cwd=cwd, env=env)
+
+
+def assert_same_rows(rows: Path, processes: int, reference_rows: Path, reference_processes: int,
+                     after_step: int) -> None:
+    """Each optimizer step recorded in `rows` (all those after `after_step`, to the end of the run) took the global
+    batch the reference took at that step: the same rows in the same order."""
+    expected = read_global_batches(reference_rows, reference_processes)
+    got = read_global_batches(rows, processes)
+    assert min(got) == after_step + 1 and max(got) == max(expected), (sorted(got), max(expected))
+    for step, batch in got.items():
+        assert batch == expected[step], f"step {step}: other rows, or in another order"
 
 
 def start(cwd: Path, run_dir: Path, hold_after: int, *overrides: str) -> subprocess.Popen:

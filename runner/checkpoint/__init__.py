@@ -8,9 +8,9 @@ loop's checkpointer (runner/training/checkpointer.py), the Accelerator's save_st
 """
 
 from runner.checkpoint.files import LATEST, MANIFEST, complete_checkpoints, damage, newest_complete_step, read_pointer
-from runner.checkpoint.resume import AUTO, find_resume, refuse_another_world_size
+from runner.checkpoint.resume import AUTO, find_resume, refuse_inexact_resume
 
 __all__ = [
     "AUTO", "LATEST", "MANIFEST", "complete_checkpoints", "damage", "find_resume", "newest_complete_step",
-    "read_pointer", "refuse_another_world_size",
+    "read_pointer", "refuse_inexact_resume",
 ]

@@ -96,20 +96,30 @@ def nonfinite_reason(path: Path) -> str | None:
     return None if manifest.get("finite", True) else "its manifest says its weights hold NaN or inf"
 
 
-def refuse_another_world_size(path: Path, world_size: int) -> None:
-    """Decided in the parent, before any worker starts: a checkpoint of whole weights continues exactly only on as
-    many processes as wrote it (the batch order, the gradient average and the RNG states are per process). A
-    sharded one (parallel=fsdp, the dcp layout) is resharded onto any count; restore() says what is approximate."""
+def refuse_inexact_resume(path: Path, world_size: int, global_batch: int) -> None:
+    """Decided in the parent, before any worker starts: a checkpoint continues on another number of processes only
+    with the global batch it was written with. Its position is kept in samples of the epoch and each optimizer
+    step's rows are dealt from one order of the epoch (runner/data/batches.py), so with the same global batch the
+    steps after the resume take the same rows in the same order on 1, 2 or 4 processes, and the whole weights or
+    the shards load onto any count. What depends on the layers (a per-process random draw, batch statistics) is
+    checked where the model is built: runner/training/checkpointer.py, refuse_per_process_layers."""
     manifest = files.read_manifest(path)
-    if manifest is None or manifest["world_size"] == world_size or files.layout_of(manifest) is files.Layout.dcp:
+    if manifest is None or manifest["world_size"] == world_size:
         return
-    raise ResumeRefused(
-        f"resume: {path} was written by a run with {manifest['world_size']} process(es) and this run has "
-        f"{world_size}. The batch order, the gradient average and the RNG states are per process, so it cannot "
-        f"continue exactly: resume with hardware.num_processes={manifest['world_size']}, or start a new run "
-        f"from its weights ({path / 'model.safetensors'}). (Sharded checkpoints, written with parallel=fsdp, "
-        "can be resumed on another number of processes.)"
-    )
+    written = manifest["world_size"]
+    if "global_batch" not in manifest:
+        raise ResumeRefused(
+            f"resume: {path} was written by a run with {written} process(es), before checkpoints recorded their "
+            f"global position, and this run has {world_size}: it can continue exactly only with "
+            f"hardware.num_processes={written}, or start a new run from its weights ({path / 'model.safetensors'})")
+    if manifest["global_batch"] != global_batch:
+        raise ResumeRefused(
+            f"resume: {path} was written with a global batch of {manifest['global_batch']} samples per optimizer "
+            f"step on {written} process(es); this run has {world_size} and a global batch of {global_batch}, so "
+            "its steps would take other rows and it cannot continue exactly. Set trainer.batch_size="
+            f"{manifest['global_batch']} (the global batch; trainer.micro_batch_size caps what one device takes at "
+            f"once) and leave trainer.per_device_batch_size null, or resume with hardware.num_processes={written}"
+        )
 
 
 def _has_damaged(directory: Path) -> bool:

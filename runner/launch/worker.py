@@ -124,7 +124,7 @@ def train(spec: RunSpec, accelerator: Accelerator, peers=None) -> dict[str, floa
     resume_from = _resume_point(spec)
     apply_determinism(config.trainer.deterministic)
     parts = build_parts(config, spec.batch, accelerator)
-    restored = _restore(resume_from, parts, accelerator, config) if resume_from else None
+    restored = _restore(resume_from, parts, accelerator, config, spec.batch.global_batch) if resume_from else None
     # Ended by its step budget or stopped early by a callback (early stopping) at that checkpoint.
     finished = bool(restored) and (restored["loop"].get("stop_reason") is not None or is_finished(
         restored["loop"]["step"], restored["loop"]["epoch"], parts.total_steps, config.trainer.max_epochs))
@@ -200,10 +200,12 @@ def _resume_point(spec: RunSpec) -> str | None:
     return str(newest) if newest is not None else spec.resume_from
 
 
-def _restore(resume_from: str, parts: Parts, accelerator: Accelerator, config: RunConfig) -> dict:
+def _restore(resume_from: str, parts: Parts, accelerator: Accelerator, config: RunConfig,
+             global_batch: int) -> dict:
     """Load the checkpoint the parent chose into the built objects (RNG comes last, in `train`)."""
     restored = restore(Path(resume_from), parts.model, parts.optimizer, parts.scheduler, accelerator.scaler,
                        rank=accelerator.dist.rank, world_size=accelerator.num_processes,
+                       global_batch=global_batch,
                        resolved=as_machine_0(plain(config)))
     position = restored["loop"]
     log.info("resumed from %s: step %d, epoch %d, batch %d of the epoch", resume_from, position["step"],

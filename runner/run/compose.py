@@ -16,7 +16,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
-from runner.checkpoint import find_resume, refuse_another_world_size
+from runner.checkpoint import find_resume, refuse_inexact_resume
 from runner.config import RunConfig, RunSpec, plain
 from runner.config.groups import drop_swapped_group_keys, group_default_origin
 from runner.config.search_path import config_dir
@@ -114,12 +114,13 @@ def preflight(spec: RunSpec) -> RunSpec:
     # A restarted group (torchrun --max-restarts) continues from its newest checkpoint on its own.
     resume = config.resume or ("auto" if restart_count() > 0 else None)
     resume_from = find_resume(resume, run_dir, config.checkpoint.verify)
+    batch = batch_plan(config.trainer, hardware.world_size)
     if resume_from is not None:
-        refuse_another_world_size(resume_from, hardware.world_size)
+        refuse_inexact_resume(resume_from, hardware.world_size, batch.global_batch)
     # One writer, also when machines share the run dir; a debug run (fast_dev_run) writes nothing but its log.
     if writes_run_dir(config.hardware.machine_rank) and config.trainer.fast_dev_run is None:
         _write_config(run_dir, plain(config), resume_from)
-    return replace(spec, config=config, hardware=hardware, batch=batch_plan(config.trainer, hardware.world_size),
+    return replace(spec, config=config, hardware=hardware, batch=batch,
                    resume_from=str(resume_from) if resume_from else None)
 
 

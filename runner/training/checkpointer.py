@@ -28,7 +28,7 @@ from runner.checkpoint import files, sharded
 from runner.checkpoint.contents import load_plain_state, load_weights, on_host, save_weights
 from runner.checkpoint.files import Layout
 from runner.checkpoint.hf_export import export_pretrained
-from runner.checkpoint.resume import refuse_another_world_size
+from runner.checkpoint.resume import refuse_inexact_resume
 from runner.checkpoint.rng import capture_rng, restore_rng
 from runner.config import CheckpointConfig, MonitorMode
 from runner.distributed.dist import all_gather_object, all_reduce, barrier, broadcast_object
@@ -295,18 +295,22 @@ class Checkpointer:
             source.unlink()
 
     def _apply_retention(self) -> None:
-        keep_last, keep_best = self.settings.keep_last, self.settings.keep_best
-        if keep_last is None:
+        if self.settings.keep_last is None:
             return
         found = files.complete_checkpoints(self.directory)
-        keep = {path for path, _ in found[-keep_last:]}
-        scored = [(manifest["monitor_value"], path) for path, manifest in found
+        keep = self._kept([(path.name, manifest) for path, manifest in found])
+        for path, _ in found:
+            if path.name not in keep:
+                files.remove_checkpoint(path)
+
+    def _kept(self, found: list[tuple[str, dict]]) -> set[str]:
+        """The names retention keeps of these (name, manifest), oldest first: the keep_last newest, the keep_best
+        best by the monitored value."""
+        keep = {name for name, _ in found[-self.settings.keep_last:]}
+        scored = [(manifest["monitor_value"], name) for name, manifest in found
                   if manifest.get("monitor_value") is not None and manifest.get("monitor") == self.monitor]
         scored.sort(key=lambda item: item[0], reverse=self.maximize)
-        keep |= {path for _, path in scored[:keep_best]}
-        for path, _ in found:
-            if path not in keep:
-                files.remove_checkpoint(path)
+        return keep | {name for _, name in scored[:self.settings.keep_best]}
 
 
 def trained_tensors(model: nn.Module, optimizer) -> list[torch.Tensor]:
@@ -347,17 +351,20 @@ def _device_of(model: nn.Module) -> torch.device:
 
 
 def restore(path: Path, model: nn.Module, optimizer=None, scheduler=None, scaler=None, *, rank: int = 0,
-            world_size: int = 1, resolved: dict | None = None) -> dict:
+            world_size: int = 1, global_batch: int | None = None, resolved: dict | None = None) -> dict:
     """Load a (verified) checkpoint into these objects; returns the saved state dict: "loop" and "checkpointer"
-    for their owners, "this_rank" for what was saved per process (RNG: see apply_rng). Refuses a safetensors
-    checkpoint written with another number of processes (a dcp one is resharded), and weights that do not fit.
-    Every rank calls it (a dcp checkpoint is loaded collectively)."""
+    for their owners, "this_rank" for what was saved per process (RNG: see apply_rng). On another number of
+    processes it refuses what cannot continue exactly (another global batch, layers that behave per process), and
+    weights that do not fit. Every rank calls it (a dcp checkpoint is loaded collectively)."""
     manifest = files.read_manifest(path)
     if manifest is None:
         raise CheckpointError(f"resume: {path} is not a complete checkpoint (no valid {files.MANIFEST})")
-    refuse_another_world_size(path, world_size)
+    if manifest["world_size"] != world_size:
+        refuse_inexact_resume(path, world_size, manifest.get("global_batch") if global_batch is None else global_batch)
+        refuse_per_process_layers(model, path, manifest["world_size"], world_size)
     if resolved is not None and manifest["config_hash"] != config_hash(resolved):
-        _warn_config_changes(path, resolved)
+        same_batch = global_batch is not None and manifest.get("global_batch") == global_batch
+        _warn_config_changes(path, resolved, same_batch)
     layout = files.layout_of(manifest)
     if layout is Layout.dcp:
         entries = {"model": (model, None)}
@@ -380,26 +387,53 @@ def restore(path: Path, model: nn.Module, optimizer=None, scheduler=None, scaler
             except (ValueError, KeyError, RuntimeError) as err:
                 raise CheckpointError(f"resume: the {key} state in {path} does not fit this run's {key}: {err}") from err
     state["manifest"] = manifest
-    state["this_rank"] = this_rank(state["per_rank"], rank, world_size, path)
+    state["this_rank"] = this_rank(state["per_rank"], rank, world_size)
     return state
 
 
-def this_rank(per_rank: list[dict], rank: int, world_size: int, path: Path) -> dict:
-    """What this rank saved. Resharded onto another process count (dcp), each rank takes the RNG state of rank
-    `rank mod writers` and the writers' mean of every per-rank float tensor (the loss window's sums: the mean
-    over all ranks is what gets logged, and it stays the same); random draws (dropout) do not repeat those of an
-    uninterrupted run."""
+def this_rank(per_rank: list[dict], rank: int, world_size: int) -> dict:
+    """What this rank saved. On another process count each rank takes the random generators of rank `rank mod
+    writers` (refuse_per_process_layers made sure the model's layers draw nothing per process) and the writers'
+    mean of every per-rank float tensor (the loss window's sums: the mean over all ranks is what gets logged, and
+    Loop.load_state_dict scales it to the new micro-batches)."""
     if len(per_rank) == world_size:
         return per_rank[rank]
-    if rank == 0:
-        log.warning("resume: %s was written by %d process(es) and this run has %d: the weights and optimizer state "
-                    "are resharded exactly; each process's RNG state and share of the loss window are approximate, "
-                    "so the run is no longer an exact continuation", path, len(per_rank), world_size)
     mine = dict(per_rank[rank % len(per_rank)])
     for key, value in mine.items():
         if isinstance(value, torch.Tensor) and value.is_floating_point():
             mine[key] = sum(saved[key] for saved in per_rank) / len(per_rank)
     return mine
+
+
+def per_process_layers(model: nn.Module) -> dict[str, str]:
+    """The layers whose training depends on the process they run in, by name: a random draw from each process's
+    own generator (dropout, attention dropout) or statistics of each device's own batch (batch norm)."""
+    found = {}
+    for name, module in model.named_modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            found[name] = "batch norm"
+        elif isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0:
+            found[name] = f"dropout p={module.p:g}"
+        elif isinstance(getattr(module, "dropout", None), float) and module.dropout > 0:
+            found[name] = f"attention dropout {module.dropout:g}"  # nn.MultiheadAttention's, or sdpa's dropout_p
+    return found
+
+
+def refuse_per_process_layers(model: nn.Module, path: Path, written: int, world_size: int) -> None:
+    """A run continued on another number of processes is exact only for layers that compute the same on any
+    split of the global batch. Dropout draws from each process's generator and batch norm normalises each
+    device's own batch: an uninterrupted run's draws and statistics cannot be reproduced on another count."""
+    layers = per_process_layers(model)
+    if not layers:
+        return
+    named = ", ".join(f"{name or 'the model'} ({kind})" for name, kind in list(layers.items())[:4])
+    more = f" and {len(layers) - 4} more" if len(layers) > 4 else ""
+    raise ResumeRefused(
+        f"resume: {path} was written by {written} process(es) and this run has {world_size}, and the model has "
+        f"layers that compute per process: {named}{more}. Dropout draws from each process's own random generator "
+        "and batch norm normalises each device's own batch, so the steps after the resume cannot be the ones an "
+        f"uninterrupted run takes. Resume with hardware.num_processes={written}, or start a new run from its "
+        f"weights ({path / MODEL_FILE})")
 
 
 def read_config(file: Path) -> dict:
@@ -419,13 +453,23 @@ def read_config(file: Path) -> dict:
     return saved if isinstance(saved, dict) else {}
 
 
-def _warn_config_changes(path: Path, resolved: dict) -> None:
+# Where and how the run executes, not what it computes: with the same global batch (refuse_inexact_resume), a
+# run continued with other values of these is the same experiment.
+EXECUTION_KEYS = ("hardware.", "gpu_ids", "trainer.micro_batch_size", "trainer.grad_accum_steps",
+                  "trainer.per_device_batch_size")
+
+
+def _warn_config_changes(path: Path, resolved: dict, same_batch: bool) -> None:
     try:
         saved = read_config(path / CONFIG_FILE)
     except OSError:
         saved = {}
     before, now = flatten(saved or {}), flatten(resolved)
     changed = sorted(key for key in before.keys() | now.keys() if key != "resume" and before.get(key) != now.get(key))
+    if same_batch:
+        changed = [key for key in changed if not key.startswith(EXECUTION_KEYS)]
+        if not changed:
+            return
     log.warning("resume: the config differs from the one that wrote %s (%s); the run continues with the new "
                 "values and is no longer an exact continuation", path, ", ".join(changed) or "formatting only")
 

@@ -182,7 +182,7 @@ class Loop:
         self.callbacks.on_fit_start(self)
         final = self.last_metrics if self.last_eval_step == self.state.step else self.evaluate_and_log()
         # final.json records the monitored value: the checkpoint's last evaluation is this step's.
-        self.checkpointer.export_missing(self.accelerator.unwrap_model(self.model), asdict(self.state),
+        self.checkpointer.export_missing(self.accelerator.unwrap_model(self.model), self.position(),
                                          {**final, **self._metrics_at_step()})
         self.checkpointer.wait()
         self.callbacks.on_fit_end(self, final)
@@ -360,7 +360,7 @@ class Loop:
             # Nothing happened since (a stop signal or an early stop right after a scheduled save): no second
             # checkpoint of this step, but the end of the run still gets its exports, from that checkpoint.
             if final:
-                self.checkpointer.export_saved(self.accelerator.unwrap_model(self.model), asdict(self.state),
+                self.checkpointer.export_saved(self.accelerator.unwrap_model(self.model), self.position(),
                                                self._metrics_at_step())
             return
         if self.settings.on_nonfinite == NonFinitePolicy.stop and self.checkpointer.enabled:
@@ -372,7 +372,7 @@ class Loop:
             # What was logged up to this checkpoint reaches the sinks first: a run killed after it resumes from
             # here and logs only the steps after.
             self.logger.flush()
-        path = self.checkpointer.save(self.accelerator.unwrap_model(self.model), self.state_dict(), asdict(self.state),
+        path = self.checkpointer.save(self.accelerator.unwrap_model(self.model), self.state_dict(), self.position(),
                                       self._metrics_at_step(), final=final, optimizer=self.optimizer)
         self.last_saved = replace(self.state)
         if path is not None:
@@ -386,6 +386,12 @@ class Loop:
         self.progress.close()
         raise Preempted(self.stop.name, self.state.step, self.checkpointer.last_path)
 
+    def position(self) -> dict:
+        """Where training stands, for a checkpoint's manifest: the state, and the epoch's progress in samples of the
+        global batch, which is what a run on another number of processes continues from (resume_position)."""
+        return {**asdict(self.state), "samples_in_epoch": self.state.batch_in_epoch * self.samples_per_micro_batch,
+                "global_batch": self.samples_per_micro_batch * self.accumulation}
+
     def state_dict(self) -> dict:
         """Everything a resumed run needs to continue exactly like this one, but the model and the optimizer (the
         checkpointer saves those, whole or sharded)."""
@@ -396,6 +402,8 @@ class Loop:
             "loop": {
                 **asdict(self.state),
                 "accumulation": self.accumulation,
+                "per_device": self.samples_per_micro_batch // self.accelerator.num_processes,
+                "processes": self.accelerator.num_processes,
                 "window_micro_batches": self.window_micro_batches,
                 "last_eval_step": self.last_eval_step,
                 "last_metrics": dict(self.last_metrics),
@@ -407,13 +415,32 @@ class Loop:
     def load_state_dict(self, loop_state: dict, this_rank: dict) -> None:
         """The "loop" and this process's "per_rank" parts of `state_dict()` (model, optimizer, scheduler and
         scaler are restored by the caller)."""
-        # Positions count micro-batches: on another process count (a resharded checkpoint) a step may take another
-        # number of them. Checkpoints are taken between optimizer steps, so whole steps convert exactly.
-        saved = loop_state.get("accumulation", self.accumulation)  # absent in checkpoints written before it was kept
-        scale = lambda micro_batches: micro_batches * self.accumulation // saved  # noqa: E731
+        # Positions count micro-batches, each `samples_per_micro_batch` samples of the global order across the
+        # processes; on another process count or accumulation a micro-batch holds another number of samples.
+        # Checkpoints are taken between optimizer steps and the global batch is the same (refuse_inexact_resume),
+        # so whole steps convert exactly, in samples.
+        saved_accumulation = loop_state.get("accumulation", self.accumulation)  # absent in older checkpoints
+        saved_processes = loop_state.get("processes", self.accelerator.num_processes)
+        global_batch = self.samples_per_micro_batch * self.accumulation
+        saved_per_micro_batch = global_batch // saved_accumulation
+
+        def scale(micro_batches: int) -> int:
+            return micro_batches * saved_per_micro_batch // self.samples_per_micro_batch
+
         self.state = TrainState(loop_state["step"], loop_state["epoch"], scale(loop_state["batch_in_epoch"]))
-        self.running_loss = this_rank["running_loss"].to(self.accelerator.device) * self.accumulation / saved
+        # Each rank's sum of micro-batch losses (this_rank: the writers' mean when the count changed): scaled so
+        # that the window's logged mean stays the one an uninterrupted run logs.
+        self.running_loss = (this_rank["running_loss"].to(self.accelerator.device) * saved_per_micro_batch
+                             / self.samples_per_micro_batch)
         self.window_micro_batches = scale(loop_state["window_micro_batches"])
+        if saved_processes != self.accelerator.num_processes and self.accelerator.is_main_process:
+            per_device = self.samples_per_micro_batch // self.accelerator.num_processes
+            log.info("resume: written by %d process(es) (%d per device x %d accumulation step(s)), continued on %d "
+                     "(%d x %d): the global batch of %d is the same, so training goes on from sample %d of epoch %d "
+                     "with the same rows in the same order; process r continues the random generators of rank r "
+                     "mod %d", saved_processes, loop_state.get("per_device", saved_per_micro_batch // saved_processes),
+                     saved_accumulation, self.accelerator.num_processes, per_device, self.accumulation, global_batch,
+                     self.state.batch_in_epoch * self.samples_per_micro_batch, self.state.epoch, saved_processes)
         self.last_eval_step, self.last_metrics = loop_state["last_eval_step"], dict(loop_state["last_metrics"])
         # Checkpoints written before callbacks existed hold neither key.
         self.stop_reason = loop_state.get("stop_reason")

@@ -25,7 +25,7 @@ from runner.training import checkpointer as checkpointer_module
 from runner.checkpoint import files
 from runner.checkpoint.rng import capture_rng, restore_rng
 from runner.config import CheckpointConfig, MonitorMode
-from runner.errors import CheckpointError, ConfigError, DiskFull, WriteError
+from runner.errors import CheckpointError, ConfigError, DiskFull, ResumeRefused, WriteError
 from runner.models import MLP
 
 from checkpoint_helpers import RESOLVED, NotPlainData, checkpointer_in, save_step, trained_objects
@@ -186,13 +186,27 @@ def test_resume_arguments_and_the_fresh_run_guard(tmp_path, caplog):
         find_resume(None, tmp_path)
 
 
-def test_world_size_or_model_mismatch_is_named(tmp_path):
-    """A different world size or model is refused with the mismatch named."""
+def test_inexact_world_size_change_or_model_mismatch_is_named(tmp_path):
+    """Another process count continues only with the same global batch and no per-process layers; a checkpoint
+    without its global position, another global batch, dropout or batch norm, or another model is refused, named."""
     model, optimizer = trained_objects()
-    path = save_step(checkpointer_in(tmp_path), model, optimizer, step=1)
-    with pytest.raises(CheckpointError, match=r"written by a run with 1 process\(es\) and this run has 2.*"
-                                              r"hardware.num_processes=1"):
-        restore(path, model, optimizer, world_size=2)
+    older = save_step(checkpointer_in(tmp_path / "older"), model, optimizer, step=1)
+    with pytest.raises(ResumeRefused, match=r"written by a run with 1 process\(es\), before checkpoints recorded "
+                                            r"their global position, and this run has 2.*hardware.num_processes=1"):
+        restore(older, model, optimizer, world_size=2, global_batch=8)
+    path = save_step(checkpointer_in(tmp_path), model, optimizer, step=1, global_batch=8)
+    with pytest.raises(ResumeRefused, match=r"global batch of 8 samples per optimizer step on 1 process\(es\); this "
+                                            r"run has 2 and a global batch of 16.*trainer.batch_size=8"):
+        restore(path, model, optimizer, world_size=2, global_batch=16)
+    for layers, named in ((MLP(4, 3, hidden=[8], dropout=0.1), r"2 \(dropout p=0.1\)"),
+                          (torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8)), r"1 \(batch norm\)"),
+                          (torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.2), r"self_attn \(attention dropout "
+                                                                                     r"0.2\), dropout \(dropout")):
+        with pytest.raises(ResumeRefused, match=rf"this run has 2, and the model has layers that compute per process: "
+                                                rf"{named}.*hardware.num_processes=1"):
+            restore(path, layers, world_size=2, global_batch=8)
+    state = restore(path, model, optimizer, rank=1, world_size=2, global_batch=8)
+    assert state["this_rank"]["rng"] is not None  # rank 1 of 2 continues rank 0's generators (1 mod 1)
     with pytest.raises(CheckpointError, match=r"weights in .* do not fit this model: .*size mismatch"):
         restore(path, MLP(4, 3, hidden=[16]))
     with pytest.raises(CheckpointError, match=r"do not fit this model: missing \['4.bias', '4.weight'\]"):

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import read_jsonl, read_scalars
-from resume_helpers import RUN, assert_same_run, kill_everything, run_cli, start, wait_for_checkpoint
+from resume_helpers import RUN, assert_same_rows, assert_same_run, kill_everything, run_cli, start, wait_for_checkpoint
 from runner.checkpoint import complete_checkpoints, read_pointer
 from runner.data.batches import TensorBatches
 
@@ -73,7 +73,7 @@ def ddp_reference(tmp_path_factory) -> Path:
 
 
 def test_2_process_kill_and_resume_is_bitwise_exact(tmp_path, ddp_reference):
-    """(A resume on another process count is refused: tests/checkpoint/test_checkpoint.py, in-process.)"""
+    """(Another process count: tests/training/test_resume_world_size.py.)"""
     two, reference = TWO, ddp_reference
     run_dir = tmp_path / "run"
     proc = start(tmp_path, run_dir, 3, *two)
@@ -113,7 +113,7 @@ def test_fsdp_is_bitwise_like_ddp_and_reshards(tmp_path, tmp_path_factory, refer
     fsdp = ("hardware=multi_cpu", "hardware.start_method=fork", "parallel=fsdp", "trainer.max_epochs=1",
             "checkpoint.keep_last=null")  # every checkpoint stays: early ones are resumed below
     fsdp_reference = tmp_path_factory.mktemp("reference_fsdp") / "run"
-    result = run_cli(*RUN, *fsdp, f"hydra.run.dir={fsdp_reference}", cwd=tmp_path)
+    result = run_cli(*RUN, *fsdp, f"hydra.run.dir={fsdp_reference}", cwd=tmp_path, rows=tmp_path / "reference_rows")
     assert result.returncode == 0, result.output
     assert "fsdp: 2 block(s) and the model sharded over 2 processes (TransformerEncoderLayer)" in result.output
     # The same global batch of 16 each step: sharded, replicated and one process train the same model.
@@ -135,13 +135,15 @@ def test_fsdp_is_bitwise_like_ddp_and_reshards(tmp_path, tmp_path_factory, refer
     assert manifest["layout"] == "dcp" and manifest["world_size"] == 2
     assert {".metadata", "__0_0.distcp", "__1_0.distcp", "state.pt"} <= set(manifest["files"])
 
-    # 2 -> 1: the same checkpoint continues on one process (a new run dir), with a warning saying what is approximate.
+    # 2 -> 1: the same checkpoint continues on one process (a new run dir), accumulating two micro-batches of 8,
+    # on the same rows in the same order.
     single = tmp_path / "single"
     result = run_cli(*RUN, "parallel=fsdp", "trainer.max_epochs=1", "checkpoint.keep_last=null", f"resume={path}",
-                     f"hydra.run.dir={single}", cwd=tmp_path)
+                     "trainer.micro_batch_size=8", f"hydra.run.dir={single}", cwd=tmp_path,
+                     rows=tmp_path / "single_rows")
     assert result.returncode == 0, result.output
-    assert "was written by 2 process(es) and this run has 1: the weights and optimizer state are resharded" in \
-        result.output
+    assert "written by 2 process(es) (8 per device x 1 accumulation step(s)), continued on 1 (8 x 2)" in result.output
+    assert_same_rows(tmp_path / "single_rows", 1, tmp_path / "reference_rows", 2, after_step=manifest["step"])
     assert "parallel=fsdp on one process: nothing is sharded; checkpoints are written sharded" in result.output
     assert_close_weights(load_file(single / "export" / "final.safetensors"),
                          load_file(fsdp_reference / "export" / "final.safetensors"))
@@ -152,9 +154,11 @@ def test_fsdp_is_bitwise_like_ddp_and_reshards(tmp_path, tmp_path_factory, refer
     assert one_manifest["layout"] == "dcp" and one_manifest["world_size"] == 1
     assert {".metadata", "__0_0.distcp"} <= set(one_manifest["files"])
     two = tmp_path / "two"
-    result = run_cli(*RUN, *fsdp, f"resume={one_path}", f"hydra.run.dir={two}", cwd=tmp_path)
+    result = run_cli(*RUN, *fsdp, f"resume={one_path}", f"hydra.run.dir={two}", cwd=tmp_path,
+                     rows=tmp_path / "two_rows")
     assert result.returncode == 0, result.output
-    assert "was written by 1 process(es) and this run has 2" in result.output
+    assert "written by 1 process(es) (8 per device x 2 accumulation step(s)), continued on 2 (8 x 1)" in result.output
+    assert_same_rows(tmp_path / "two_rows", 2, tmp_path / "reference_rows", 2, after_step=one_manifest["step"])
     assert_close_weights(load_file(two / "export" / "final.safetensors"),
                          load_file(fsdp_reference / "export" / "final.safetensors"))
     assert_same_losses(two, fsdp_reference, after_step=one_manifest["step"])
