@@ -3,6 +3,12 @@ of the same dicts and against Accelerate and Fabric, measured in the same proces
 
     python benchmarks/checkpoint.py [--params 100] [--repeats 3] [--dir /tmp/ckpt-bench] [--arms plain,runner]
     python benchmarks/checkpoint.py --finite-check [--params 100] [--repeats 5]
+    python benchmarks/checkpoint.py --object-storage moto|s3://bucket/prefix [--params 100] [--repeats 3]
+
+--object-storage measures the runner's save until committed to object storage (checkpoint.dir: sealed on disk,
+uploaded, manifest last) and its load fetched from there (download, sha256 verified, loaded), beside the same on
+local disk, interleaved, with the bytes per second. `moto` starts moto's S3 server on 127.0.0.1 (the test extra
+installs it); an s3:// URL uses the environment's credentials and endpoint (AWS_*).
 
 --finite-check measures only what the check for NaN/inf in the weights and optimizer state (done before every
 save) costs: the runner's save with and without it, interleaved, and the check alone.
@@ -57,9 +63,10 @@ def trained(million_params: int):
     return model, optimizer
 
 
-def runner_save(root: Path, model, optimizer) -> Checkpointer:
-    """What the training loop waits for: the files written; sealing (hash, fsync, rename) goes on in the background."""
-    checkpointer = Checkpointer(root, CheckpointConfig(export=False), writer=True, monitor="val/loss",
+def runner_save(root: Path, model, optimizer, storage_url: str | None = None) -> Checkpointer:
+    """What the training loop waits for: the files written; sealing (hash, fsync, rename) goes on in the background,
+    and with `storage_url` the upload to object storage."""
+    checkpointer = Checkpointer(root, CheckpointConfig(export=False, dir=storage_url), writer=True, monitor="val/loss",
                                 monitor_mode=MonitorMode.min, world_size=1, resolved={"bench": True})
     state = {"optimizer": optimizer.state_dict(), "scheduler": None, "scaler": None, "loop": {"step": 1}}
     checkpointer.save(model, state, {"step": 1, "epoch": 0, "batch_in_epoch": 1}, {})
@@ -180,6 +187,93 @@ def measure_finite_check(million_params: int, repeats: int, directory: Path) -> 
     return result
 
 
+def measure_object_storage(million_params: int, repeats: int, directory: Path, url: str) -> dict:
+    """Seconds to save until sealed on disk vs until committed to `url`, and to load from disk vs fetched from
+    `url`, interleaved; with the checkpoint's size in bytes."""
+    import statistics
+
+    from runner.checkpoint.remote import Storage
+
+    model, optimizer = trained(million_params)
+    storage = Storage(url)
+    storage.check()
+    times: dict[str, list[float]] = {key: [] for key in (
+        "local save until sealed", "save until committed to storage", "local load", "load fetched from storage")}
+    size = 0
+    for index in range(repeats):
+        for remote in ((False, True) if index % 2 == 0 else (True, False)):
+            root = directory / ("remote" if remote else "local")
+            shutil.rmtree(root, ignore_errors=True)
+            if remote and storage.fs.exists(storage.root):
+                storage.fs.rm(storage.root, recursive=True)
+            os.sync()
+            start = time.perf_counter()
+            runner_save(root, model, optimizer, url if remote else None).wait()
+            times["save until committed to storage" if remote else "local save until sealed"].append(
+                time.perf_counter() - start)
+            size = sum(path.stat().st_size for path in (root / "checkpoints").glob("step_*/*"))
+            fresh_model, fresh_optimizer = trained(million_params)
+            with torch.no_grad():
+                next(iter(fresh_model.parameters())).zero_()
+            if remote:
+                elsewhere = directory / "fetched"  # a machine without the run dir: everything comes from storage
+                shutil.rmtree(elsewhere, ignore_errors=True)
+                start = time.perf_counter()
+                path = find_resume("auto", elsewhere, storage=Storage(url))
+                restore(path, fresh_model, fresh_optimizer, resolved={"bench": True})
+                times["load fetched from storage"].append(time.perf_counter() - start)
+                shutil.rmtree(elsewhere, ignore_errors=True)
+            else:
+                times["local load"].append(timed(runner_load, root, fresh_model, fresh_optimizer))
+            assert torch.equal(next(iter(fresh_model.parameters())), next(iter(model.parameters()))), remote
+            shutil.rmtree(root, ignore_errors=True)
+    return {"bytes": size, "url": url, "times": {key: statistics.median(values) for key, values in times.items()},
+            "values": times}
+
+
+def report_object_storage(result: dict) -> str:
+    median, size = result["times"], result["bytes"]
+    lines = [f"checkpoint: {size / 1e6:.0f} MB (weights, AdamW state, config, manifest); storage {result['url']}"]
+    for key, value in median.items():
+        local = median["local save until sealed" if "save" in key else "local load"]
+        ratio = "" if key.startswith("local") else f"{value / local:.2f}x local"
+        values = ", ".join(f"{seconds:.2f}" for seconds in result["values"][key])
+        lines.append(f"{key:34s} median {value:6.2f} s  {size / value / 1e6:7.0f} MB/s  {ratio:12s} ({values})")
+    return "\n".join(lines)
+
+
+def start_moto(directory: Path):
+    """moto's S3 server on a free 127.0.0.1 port with a bucket, the environment pointed at it; returns the
+    process and the URL to use (the caller stops the process)."""
+    import socket
+    import subprocess
+    import urllib.request
+
+    import boto3
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    directory.mkdir(parents=True, exist_ok=True)
+    with (directory / "moto.log").open("wb") as log:  # moto logs every request: a pipe would fill and stop it
+        server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                  stdout=log, stderr=subprocess.STDOUT)
+    endpoint = f"http://127.0.0.1:{port}"
+    os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench")
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1).read()
+            break
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                server.kill()
+                raise RuntimeError(f"moto's server did not start; see {directory / 'moto.log'}") from None
+            time.sleep(0.05)
+    boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="bench")
+    return server, "s3://bench/checkpoint"
+
+
 def report_finite_check(median: dict) -> str:
     lines = [f"{key:36s} median {value:6.3f}{'' if 'paired' in key else ' s'}" for key, value in median.items()]
     lines.append(f"the check costs {median['save: checked / unchecked, paired'] - 1:+.1%} on the save training waits "
@@ -216,7 +310,21 @@ def main(argv: list[str] | None = None) -> None:
                         help=f"comma-separated subset of {','.join(alternatives.ARMS)} (runner and plain always)")
     parser.add_argument("--finite-check", action="store_true",
                         help="measure only the cost of the NaN/inf check done before each save")
+    parser.add_argument("--object-storage", metavar="URL",
+                        help="measure saving to and loading from this storage (moto: a local S3 server)")
     args = parser.parse_args(argv)
+    if args.object_storage:
+        server = None
+        if args.object_storage == "moto":
+            server, args.object_storage = start_moto(args.dir / "moto")
+        try:
+            print(report_object_storage(measure_object_storage(args.params, args.repeats, args.dir,
+                                                               args.object_storage)))
+        finally:
+            if server is not None:
+                server.terminate()
+                server.wait()
+        return
     if args.finite_check:
         print(report_finite_check(measure_finite_check(args.params, args.repeats, args.dir)))
         return

@@ -191,6 +191,24 @@ def test_every_arm_saves_and_loads_the_same_weights(checkpoint_results):
     assert "accelerate save" in text and "fabric load" in text and "x plain" in text
 
 
+def test_object_storage_benchmark_saves_and_fetches(tmp_path, monkeypatch):
+    """--object-storage moto: moto's S3 server started by the benchmark, the runner's checkpoint committed there and
+    fetched back (each load is checked to give the saved weights), reported with bytes per second."""
+    for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(name, "")  # start_moto sets them; monkeypatch puts them back after
+    server, url = compare.checkpoint.start_moto(tmp_path / "moto")
+    try:
+        result = compare.checkpoint.measure_object_storage(1, 1, tmp_path, url)
+    finally:
+        server.terminate()
+        server.wait()
+    assert set(result["times"]) == {"local save until sealed", "save until committed to storage", "local load",
+                                    "load fetched from storage"}
+    assert result["bytes"] > 12e6 and all(value > 0 for value in result["times"].values())  # 1M params + AdamW
+    text = compare.checkpoint.report_object_storage(result)
+    assert "MB/s" in text and "x local" in text and url in text
+
+
 def test_finite_check_benchmark_saves_both_ways(tmp_path):
     """Checked and unchecked; the report gives the check's share of the save (target <= 5%)."""
     result = compare.checkpoint.measure_finite_check(1, 2, tmp_path)

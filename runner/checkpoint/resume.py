@@ -16,6 +16,7 @@ import logging
 from pathlib import Path
 
 from runner.checkpoint import files, safe_dcp
+from runner.checkpoint.remote import Storage
 from runner.errors import CheckpointError, ConfigError, ResumeRefused
 
 log = logging.getLogger(__name__)
@@ -23,9 +24,20 @@ log = logging.getLogger(__name__)
 AUTO = "auto"
 
 
-def find_resume(resume: str | None, run_dir: Path, verify: bool = True) -> Path | None:
+def find_resume(resume: str | None, run_dir: Path, verify: bool = True,
+                storage: Storage | None = None) -> Path | None:
     """The checkpoint to resume from, or None to start from scratch. Raises CheckpointError when none is usable,
-    or when the chosen one holds pickled code (checked here, in the parent, before any worker starts)."""
+    or when the chosen one holds pickled code (checked here, in the parent, before any worker starts). With
+    `storage` (checkpoint.dir), resume=auto first fetches its newest intact committed checkpoint into the run dir,
+    and a fresh start refuses a storage that holds another run's checkpoints."""
+    if storage is not None and not resume and storage.committed():
+        raise ConfigError("checkpoint.dir", f"is {storage}, which already holds the checkpoints of a run; continue "
+                                            "it with resume=auto, or choose another checkpoint.dir for a new run")
+    if storage is not None and resume == AUTO:
+        fetched = storage.fetch_newest(run_dir / "checkpoints", verify)
+        if fetched is not None:
+            log.info("resume=auto: %s/checkpoints/%s is the newest intact checkpoint there; fetched into %s",
+                     storage, fetched.name, fetched.parent)
     found = _find_resume(resume, run_dir, verify)
     if found is not None:
         manifest = files.read_manifest(found)

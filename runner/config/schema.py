@@ -242,6 +242,11 @@ class CheckpointConfig:
     keep_best: int = 0
     """Also keep the K checkpoints with the best trainer.monitor value (trainer.monitor_mode says which is better).
     When K > 0, a checkpoint is also saved after every evaluation, the only time the metric is known."""
+    dir: Optional[str] = None
+    """Also keep checkpoints and exports on object storage: a URL such as s3://bucket/prefix (gs://, az://,
+    file://: any fsspec URL), holding checkpoints/ and export/. Each checkpoint is sealed in the run dir first, then
+    uploaded with its manifest last (the commit); resume=auto fetches the newest committed one from there. Logs and
+    metrics stay in the run dir. S3 needs the s3 extra; credentials and endpoint come from the environment."""
     verify: bool = True
     """Before resuming, check every file's sha256 against the manifest (sizes are always checked)."""
     export: bool = True

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from runner.checkpoint import find_resume, refuse_inexact_resume
+from runner.checkpoint.remote import Storage
 from runner.config import RunConfig, RunSpec, plain
 from runner.config.groups import drop_swapped_group_keys, group_default_origin
 from runner.config.search_path import config_dir
@@ -113,7 +114,12 @@ def preflight(spec: RunSpec) -> RunSpec:
     run_dir = Path(spec.run_dir)
     # A restarted group (torchrun --max-restarts) continues from its newest checkpoint on its own.
     resume = config.resume or ("auto" if restart_count() > 0 else None)
-    resume_from = find_resume(resume, run_dir, config.checkpoint.verify)
+    # checkpoint.dir: its access is checked now, before training; the machine that writes the run dir fetches.
+    storage = Storage(config.checkpoint.dir) if config.checkpoint.dir and config.checkpoint.enabled else None
+    if storage is not None:
+        storage.check()
+    fetches = storage if writes_run_dir(config.hardware.machine_rank) else None
+    resume_from = find_resume(resume, run_dir, config.checkpoint.verify, fetches)
     batch = batch_plan(config.trainer, hardware.world_size)
     if resume_from is not None:
         refuse_inexact_resume(resume_from, hardware.world_size, batch.global_batch)

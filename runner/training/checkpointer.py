@@ -17,6 +17,7 @@ import logging
 import math
 import shutil
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -28,6 +29,7 @@ from runner.checkpoint import files, sharded
 from runner.checkpoint.contents import load_plain_state, load_weights, on_host, save_weights
 from runner.checkpoint.files import Layout
 from runner.checkpoint.hf_export import export_pretrained
+from runner.checkpoint.remote import Storage
 from runner.checkpoint.resume import refuse_inexact_resume
 from runner.checkpoint.rng import capture_rng, restore_rng
 from runner.config import CheckpointConfig, MonitorMode
@@ -86,6 +88,12 @@ class Checkpointer:
         if self.writer and self.directory.is_dir():
             for leftover in files.remove_leftovers(self.directory):
                 log.warning("removed %s, left by an interrupted checkpoint write", leftover)
+        # checkpoint.dir: each sealed checkpoint and export is also committed there (runner/checkpoint/remote.py).
+        self.storage = Storage(settings.dir) if self.writer and settings.dir else None
+        if self.storage is not None:
+            for leftover in self.storage.remove_uncommitted():
+                log.warning("removed %s/checkpoints/%s, left by an interrupted upload (it had no manifest)",
+                            self.storage, leftover)
 
     @classmethod
     def disabled(cls) -> "Checkpointer":
@@ -269,6 +277,8 @@ class Checkpointer:
 
     def _seal(self, name: str, manifest: dict, about: dict, best: bool, final: bool, weights) -> Path:
         path = files.seal(self.directory, name, manifest)
+        if self.storage is not None:
+            self._upload(path)  # committed there before its export (which names its step) and before retention
         try:
             if self.settings.export and (best or final):
                 self._export(path, about, best, final, weights)
@@ -277,6 +287,22 @@ class Checkpointer:
             raise write_error(err, self.export_dir, f"the export of {path.name} (the checkpoint itself is "
                                                     "complete)") from err
         return path
+
+    def _upload(self, path: Path) -> None:
+        with self._storage_errors(f"uploading {path.name} to {self.storage}/checkpoints", f"it was not committed "
+                                  f"there, and is complete in {self.directory}: resume=auto on this machine "
+                                  "continues from it"):
+            self.storage.upload(path)
+
+    @contextmanager
+    def _storage_errors(self, doing: str, consequence: str):
+        """An error of the storage (network, permissions, quota) as one message naming it; not taken for a
+        local write error (the local files are complete)."""
+        try:
+            yield
+        except (OSError, ValueError, RuntimeError) as err:
+            raise CheckpointError(f"checkpoint: {doing} failed ({type(err).__name__}: {first_line(err)}); "
+                                  f"{consequence}") from err
 
     def _export(self, path: Path, about: dict, best: bool, final: bool, weights: dict | None) -> None:
         """Weights as standalone safetensors files plus the resolved config, readable without the runner: the
@@ -287,12 +313,18 @@ class Checkpointer:
         if weights is not None:
             source = self.export_dir / f"{files.PARTIAL_PREFIX}weights.safetensors"
             save_file(weights, str(source))
+        written = [CONFIG_FILE]
         for wanted, name in ((best, "best"), (final, "final")):
             if wanted:
                 files.copy_durably(source, self.export_dir / f"{name}.safetensors")
                 (self.export_dir / f"{name}.json").write_text(json.dumps(about), encoding="utf-8")
+                written += [f"{name}.safetensors", f"{name}.json"]
         if weights is not None:
             source.unlink()
+        if self.storage is not None:
+            with self._storage_errors(f"uploading export/ to {self.storage}", f"export/ is complete in "
+                                      f"{self.export_dir}"):
+                self.storage.upload_export(self.export_dir, written)  # each .json after the weights it names
 
     def _apply_retention(self) -> None:
         if self.settings.keep_last is None:
@@ -302,6 +334,9 @@ class Checkpointer:
         for path, _ in found:
             if path.name not in keep:
                 files.remove_checkpoint(path)
+        if self.storage is not None:  # the same rule there, once the newest is committed (_seal uploads first)
+            with self._storage_errors(f"deleting old checkpoints in {self.storage}", "the newest is committed"):
+                self.storage.retain(self._kept(self.storage.committed()))
 
     def _kept(self, found: list[tuple[str, dict]]) -> set[str]:
         """The names retention keeps of these (name, manifest), oldest first: the keep_last newest, the keep_best
@@ -456,7 +491,7 @@ def read_config(file: Path) -> dict:
 # Where and how the run executes, not what it computes: with the same global batch (refuse_inexact_resume), a
 # run continued with other values of these is the same experiment.
 EXECUTION_KEYS = ("hardware.", "gpu_ids", "trainer.micro_batch_size", "trainer.grad_accum_steps",
-                  "trainer.per_device_batch_size")
+                  "trainer.per_device_batch_size", "checkpoint.dir")
 
 
 def _warn_config_changes(path: Path, resolved: dict, same_batch: bool) -> None:

@@ -1,0 +1,308 @@
+"""Checkpoints on object storage (`checkpoint.dir=s3://...`, runner/checkpoint/remote.py) against a real S3 API:
+moto's server on 127.0.0.1, started here, with credentials enforced (an IAM user and key made at start). Commit by
+manifest, retention, exports, fetch-and-verify on resume, an upload killed midway, a tampered object, a bad
+credential, a missing bucket, the sharded (DCP) layout, and an exact resume on a machine without the run dir."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from checkpoint_helpers import RESOLVED, trained_objects
+from conftest import ROOT, read_scalars, wait_for
+from resume_helpers import RUN, kill_everything, run_cli, start
+from runner.checkpoint import files, find_resume
+from runner.checkpoint.remote import Storage
+from runner.config import CheckpointConfig, MonitorMode
+from runner.errors import CheckpointError, ConfigError
+from runner.training.checkpointer import MODEL_FILE, Checkpointer, restore
+
+pytest.importorskip("s3fs", reason="the test extra installs s3fs and moto[server]")
+pytest.importorskip("moto.server", reason="the test extra installs s3fs and moto[server]")
+
+BUCKET = "ckpt"
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")  # DCP without a group
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """moto's S3 server on a free port, checking credentials after its first 4 requests (which make an IAM user
+    allowed everything, its key, and the bucket). Yields the environment a client needs: key and endpoint."""
+    import boto3
+
+    log = tmp_path_factory.mktemp("moto") / "moto.log"
+    port = free_port()
+    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "4"}
+    with log.open("wb") as output:  # moto logs every request: a pipe nobody reads would fill and stop it
+        server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                  env=env, stdout=output, stderr=subprocess.STDOUT)
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: _answers(endpoint) or server.poll() is not None, "moto's server to answer")
+        assert server.poll() is None, log.read_text()
+        setup = dict(endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="setup",
+                     aws_secret_access_key="setup")
+        iam = boto3.client("iam", **setup)
+        iam.create_user(UserName="runner")
+        iam.put_user_policy(UserName="runner", PolicyName="all", PolicyDocument=json.dumps(
+            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
+        key = iam.create_access_key(UserName="runner")["AccessKey"]
+        boto3.client("s3", **setup).create_bucket(Bucket=BUCKET)
+        yield {"AWS_ACCESS_KEY_ID": key["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"],
+               "AWS_ENDPOINT_URL": endpoint, "AWS_CONFIG_FILE": "/nonexistent",
+               "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", "AWS_EC2_METADATA_DISABLED": "true"}
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _answers(endpoint: str) -> bool:
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1).read()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def aws(s3, monkeypatch):
+    """The credentials and endpoint in this process's environment, as a user sets them."""
+    for name in ("AWS_PROFILE", "AWS_DEFAULT_REGION", "AWS_REGION", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in s3.items():
+        monkeypatch.setenv(name, value)
+    return s3
+
+
+def checkpointer(run_dir: Path, url: str, layout=files.Layout.safetensors, **settings) -> Checkpointer:
+    return Checkpointer(run_dir, CheckpointConfig(dir=url, **settings), writer=True, monitor="val/accuracy",
+                        monitor_mode=MonitorMode.max, world_size=1, resolved=RESOLVED, layout=layout)
+
+
+def save(saver: Checkpointer, model, optimizer, step: int, accuracy: float | None = None, final: bool = False):
+    position = {"step": step, "epoch": 0, "batch_in_epoch": step, "samples_in_epoch": step * 8, "global_batch": 8}
+    state = {"loop": {"step": step}}
+    if saver.layout is files.Layout.safetensors:
+        state["optimizer"] = optimizer.state_dict()
+    saver.save(model, state, position, {} if accuracy is None else {"val/accuracy": accuracy}, final=final,
+               optimizer=optimizer if saver.layout is files.Layout.dcp else None)
+    saver.wait()
+
+
+def objects(prefix: str) -> set[str]:
+    """Every object under s3://ckpt/<prefix>, relative to it."""
+    storage = Storage(f"s3://{BUCKET}/{prefix}")
+    return {path[len(storage.root) + 1:] for path in storage.fs.find(storage.root)}
+
+
+def test_commit_retention_and_exports_in_the_bucket(aws, tmp_path):
+    """Each checkpoint is committed with its manifest last, retention keeps the same ones as on disk, and the
+    exports are there too, byte for byte."""
+    model, optimizer = trained_objects()
+    saver = checkpointer(tmp_path, f"s3://{BUCKET}/retention", keep_last=2, keep_best=1)
+    for step, accuracy in [(1, 0.2), (2, 0.9), (3, 0.5), (4, 0.4)]:
+        save(saver, model, optimizer, step, accuracy, final=step == 4)
+    stored = Storage(f"s3://{BUCKET}/retention")
+    assert [name for name, _ in stored.committed()] == ["step_00000002", "step_00000003", "step_00000004"]
+    assert [path.name for path, _ in files.complete_checkpoints(tmp_path / "checkpoints")] == \
+        [name for name, _ in stored.committed()]
+    names = objects("retention")
+    assert {f"checkpoints/step_00000004/{name}" for name in ("model.safetensors", "state.pt", "config.yaml",
+                                                              "manifest.json")} <= names
+    assert not any(name.startswith("checkpoints/step_00000001") for name in names)  # retired, manifest and all
+    for name in ("final.safetensors", "final.json", "best.safetensors", "best.json", "config.yaml"):
+        assert stored.fs.cat_file(stored.path("export", name)) == (tmp_path / "export" / name).read_bytes(), name
+    assert json.loads(stored.fs.cat_file(stored.path("export", "best.json")))["step"] == 2
+
+
+def test_fetch_verifies_and_a_tampered_object_falls_back(aws, tmp_path, caplog):
+    """resume=auto on a machine without the run dir fetches the newest committed checkpoint and verifies every
+    sha256; a newest one altered in the bucket (same size) is reported and the previous one taken."""
+    model, optimizer = trained_objects()
+    url = f"s3://{BUCKET}/tampered"
+    saver = checkpointer(tmp_path / "first", url, keep_last=None)
+    for step in (1, 2):
+        save(saver, model, optimizer, step)
+    stored = Storage(url)
+    weights = stored.path("checkpoints", "step_00000002", MODEL_FILE)
+    data = bytearray(stored.fs.cat_file(weights))
+    data[-1] ^= 0xFF
+    stored.fs.pipe(weights, bytes(data))
+
+    elsewhere = tmp_path / "elsewhere"
+    chosen = find_resume("auto", elsewhere, storage=Storage(url))
+    assert chosen == elsewhere / "checkpoints" / "step_00000001"
+    assert "step_00000002 is damaged" in caplog.text and "does not match its sha256" in caplog.text
+    assert not (elsewhere / "checkpoints" / "step_00000002").exists()  # the damaged download is not kept
+    fresh, fresh_optimizer = trained_objects(seed=1)
+    restore(chosen, fresh, fresh_optimizer)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))
+    with pytest.raises(ConfigError, match=r"checkpoint.dir: is s3://ckpt/tampered, which already holds the "
+                                          r"checkpoints of a run; continue it with resume=auto"):
+        find_resume(None, tmp_path / "fresh", storage=Storage(url))
+
+
+def test_a_manifest_naming_a_path_outside_the_checkpoint_is_refused(aws, tmp_path):
+    model, optimizer = trained_objects()
+    url = f"s3://{BUCKET}/escape"
+    save(checkpointer(tmp_path / "run", url), model, optimizer, 1)
+    stored = Storage(url)
+    manifest_path = stored.path("checkpoints", "step_00000001", files.MANIFEST)
+    manifest = json.loads(stored.fs.cat_file(manifest_path))
+    manifest["files"]["../../outside"] = {"size": 1, "sha256": []}
+    stored.fs.pipe(manifest_path, json.dumps(manifest).encode())
+    with pytest.raises(CheckpointError, match=r"names '../../outside', which is not a checkpoint file"):
+        find_resume("auto", tmp_path / "elsewhere", storage=stored)
+    assert not (tmp_path / "outside").exists()
+
+
+def test_the_sharded_layout_goes_through_the_same_commit(aws, tmp_path):
+    """parallel=fsdp's layout (DCP's .metadata and shards) is committed, fetched and restored exactly."""
+    model, optimizer = trained_objects()
+    url = f"s3://{BUCKET}/sharded"
+    save(checkpointer(tmp_path / "run", url, layout=files.Layout.dcp), model, optimizer, 1, final=True)
+    assert {".metadata", "__0_0.distcp", "state.pt", "manifest.json"} <= {
+        name.split("/")[-1] for name in objects("sharded") if name.startswith("checkpoints/step_00000001/")}
+    chosen = find_resume("auto", tmp_path / "elsewhere", storage=Storage(url))
+    fresh, fresh_optimizer = trained_objects(seed=1)
+    restore(chosen, fresh, fresh_optimizer)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))
+    saved, loaded = optimizer.state_dict()["state"], fresh_optimizer.state_dict()["state"]
+    assert all(torch.equal(saved[key]["exp_avg"], loaded[key]["exp_avg"]) for key in saved)
+
+
+UPLOAD = """
+import sys
+from pathlib import Path
+from runner.checkpoint.remote import Storage
+Storage(sys.argv[1]).upload(Path(sys.argv[2]))
+"""
+
+
+def test_an_upload_killed_midway_is_never_resumed_and_is_cleaned_up(aws, tmp_path, caplog):
+    """kill -9 while a 128 MB checkpoint's weights are being uploaded in parts: its other objects are there, no
+    manifest; it is not listed, resume=auto takes the previous one, and the next writer removes the leftovers."""
+    import boto3
+
+    url = f"s3://{BUCKET}/killed"
+    model, optimizer = trained_objects()
+    save(checkpointer(tmp_path / "run", url), model, optimizer, 1)  # committed
+    torch.manual_seed(0)
+    big = torch.nn.Linear(4096, 8192)  # 128 MB of weights: uploaded in 50 MiB parts
+    local = checkpointer(tmp_path / "local", None)  # sealed on disk only, then uploaded by a process we kill
+    save(local, big, torch.optim.SGD(big.parameters(), lr=0.1), 2)
+    sealed = tmp_path / "local" / "checkpoints" / "step_00000002"
+    uploader = subprocess.Popen([sys.executable, "-c", UPLOAD, url, str(sealed)], cwd=ROOT,
+                                env={**os.environ, "PYTHONPATH": str(ROOT)})
+    client = boto3.client("s3")
+    try:
+        wait_for(lambda: client.list_multipart_uploads(Bucket=BUCKET).get("Uploads") or uploader.poll() is not None,
+                 "the weights' upload to be under way")
+        assert uploader.poll() is None, "the upload ended before it could be killed"
+        uploader.send_signal(signal.SIGKILL)
+    finally:
+        uploader.kill()
+        uploader.wait()
+    names = objects("killed")
+    assert "checkpoints/step_00000002/state.pt" in names  # the smaller files went first
+    assert not any(name.startswith("checkpoints/step_00000002/") and name.endswith((MODEL_FILE, "manifest.json"))
+                   for name in names)
+    stored = Storage(url)
+    assert [name for name, _ in stored.committed()] == ["step_00000001"]
+    assert find_resume("auto", tmp_path / "elsewhere", storage=stored).name == "step_00000001"
+
+    checkpointer(tmp_path / "next", url)  # the next run on this prefix, before it writes anything
+    assert "removed s3://ckpt/killed/checkpoints/step_00000002, left by an interrupted upload" in caplog.text
+    assert not any(name.startswith("checkpoints/step_00000002") for name in objects("killed"))
+    for upload in client.list_multipart_uploads(Bucket=BUCKET).get("Uploads", []):  # S3 expires these by rule
+        client.abort_multipart_upload(Bucket=BUCKET, Key=upload["Key"], UploadId=upload["UploadId"])
+
+
+def test_bad_credential_or_missing_bucket_fails_before_training(aws, tmp_path, monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+    result = run_cli(*RUN, f"checkpoint.dir=s3://{BUCKET}/denied", "hydra.run.dir=denied", cwd=tmp_path)
+    assert result.returncode == 1
+    assert "checkpoint.dir: is s3://ckpt/denied, which refused the credentials. For S3 set AWS_ACCESS_KEY_ID" in \
+        result.output and "Nothing was trained or written there" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "denied" / "metrics.jsonl").exists()
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", aws["AWS_SECRET_ACCESS_KEY"])
+    with pytest.raises(ConfigError, match=r"is s3://no-such-bucket/x, which names a bucket that does not exist"):
+        Storage("s3://no-such-bucket/x").check()
+    with pytest.raises(ConfigError, match=r"is /shared/checkpoints; give a URL"):
+        Storage("/shared/checkpoints")
+    if importlib.util.find_spec("gcsfs") is None:
+        with pytest.raises(ConfigError, match=r"is gs://bucket/x, which needs gcsfs"):
+            Storage("gs://bucket/x")
+    with pytest.raises(ConfigError, match=r"is nosuch://bucket/x, which fsspec cannot open"):
+        Storage("nosuch://bucket/x")
+
+
+def test_a_run_resumes_exactly_on_a_machine_without_its_run_dir(aws, tmp_path):
+    """`python -m runner checkpoint.dir=s3://...` killed after a committed checkpoint; the run dir is lost (another
+    node); the same command with resume=auto and a new run dir continues from the bucket, bitwise."""
+    url = f"s3://{BUCKET}/exact"
+    reference = run_cli(*RUN, f"checkpoint.dir=s3://{BUCKET}/reference", "hydra.run.dir=reference", cwd=tmp_path)
+    assert reference.returncode == 0, reference.output
+    stored = Storage(url)
+    proc = start(tmp_path, tmp_path / "lost", 6, f"checkpoint.dir={url}")  # the environment holds the key
+    try:
+        wait_for(lambda: [manifest["step"] for _, manifest in stored.committed() if manifest["step"] >= 6],
+                 "a checkpoint at step >= 6 committed to the bucket")
+    finally:
+        kill_everything(proc)
+    committed = stored.committed()[-1][1]["step"]
+    assert committed < 32, "the kill came too late to test anything"
+    result = run_cli(*RUN, f"checkpoint.dir={url}", "resume=auto", "hydra.run.dir=elsewhere", cwd=tmp_path)
+    assert result.returncode == 0, result.output
+    assert f"resume=auto: {url}/checkpoints/step_{committed:08d} is the newest intact checkpoint there" in \
+        result.output
+    final, expected = (load_file(tmp_path / name / "export" / "final.safetensors") for name in ("elsewhere",
+                                                                                                  "reference"))
+    assert final.keys() == expected.keys() and all(torch.equal(final[name], expected[name]) for name in expected)
+    losses, expected_losses = (dict(read_scalars(tmp_path / name, "train/loss")) for name in ("elsewhere", "reference"))
+    assert min(losses) > committed and losses == {step: expected_losses[step] for step in losses}
+    assert stored.fs.cat_file(stored.path("export", "final.safetensors")) == \
+        (tmp_path / "elsewhere" / "export" / "final.safetensors").read_bytes()
+
+
+def test_an_upload_that_fails_during_training_names_the_storage(aws, tmp_path, monkeypatch):
+    """A key revoked during the run: the next checkpoint's upload fails with one message naming the storage, and
+    the checkpoint is complete on disk."""
+    import boto3
+
+    iam = boto3.client("iam", region_name="us-east-1")  # as the fixture's user, allowed everything
+    iam.create_user(UserName="revoked")
+    iam.put_user_policy(UserName="revoked", PolicyName="all", PolicyDocument=json.dumps(
+        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
+    key = iam.create_access_key(UserName="revoked")["AccessKey"]
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", key["AccessKeyId"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", key["SecretAccessKey"])
+    model, optimizer = trained_objects()
+    saver = checkpointer(tmp_path, f"s3://{BUCKET}/revoked")
+    save(saver, model, optimizer, 1)
+    boto3.client("iam", region_name="us-east-1", aws_access_key_id=aws["AWS_ACCESS_KEY_ID"],
+                 aws_secret_access_key=aws["AWS_SECRET_ACCESS_KEY"]).delete_access_key(
+        UserName="revoked", AccessKeyId=key["AccessKeyId"])
+    with pytest.raises(CheckpointError, match=r"checkpoint: uploading step_00000002 to s3://ckpt/revoked/checkpoints "
+                                              r"failed \(PermissionError: .*\); it was not committed there, and is "
+                                              r"complete in .*resume=auto on this machine continues from it"):
+        save(saver, model, optimizer, 2)
+    assert files.damage(tmp_path / "checkpoints" / "step_00000002") is None
