@@ -237,8 +237,8 @@ def collectives() -> dict:
 
 
 def models_and_loaders() -> dict:
-    """no_sync keeps gradients local; unwrap_model goes through DDP and torch.compile; a prepared loader pickles
-    and skips batches on each process."""
+    """no_sync keeps gradients local, trigger_sync_in_backward all-reduces them inside it; unwrap_model goes through
+    DDP and torch.compile; a prepared loader pickles and skips batches on each process."""
     accelerator = Accelerator("cpu")
     rank = accelerator.process_index
     inner = nn.Linear(2, 1)
@@ -249,13 +249,22 @@ def models_and_loaders() -> dict:
     model.zero_grad()
     model(torch.full((1, 2), float(rank + 1))).sum().backward()
     synced = accelerator.gather(model.module.weight.grad.clone()).tolist()
+    model.zero_grad()
+    # Accelerate's test_sync pattern: forwards under no_sync, the last one under trigger_sync_in_backward, then
+    # one backward, which all-reduces (without the trigger it would not: every forward was under no_sync).
+    with accelerator.no_sync(model):
+        first = model(torch.full((1, 2), float(rank + 1))).sum()
+        with accelerator.trigger_sync_in_backward(model):
+            second = model(torch.full((1, 2), float(rank + 1))).sum()
+    (first + second).backward()
+    triggered = accelerator.gather(model.module.weight.grad.clone()).tolist()
     loader = accelerator.prepare(DataLoader(TensorDataset(torch.arange(12)), batch_size=2, shuffle=True,
                                             generator=torch.Generator().manual_seed(4)))
     copied = pickle.loads(pickle.dumps(loader))
     skipped = accelerator.skip_first_batches(accelerator.prepare(DataLoader(TensorDataset(torch.arange(12)),
                                                                             batch_size=2)), 1)
     return {
-        "local": local, "synced": synced,
+        "local": local, "synced": synced, "triggered": triggered, "sync_restored": model.require_backward_grad_sync,
         "unwrapped": accelerator.unwrap_model(torch.compile(model)) is inner,
         "copied": [accelerator.gather(batch[0]).tolist() for batch in copied],
         "original": [accelerator.gather(batch[0]).tolist() for batch in loader],

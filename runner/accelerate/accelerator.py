@@ -18,6 +18,7 @@ costs nothing. Wrappers (runner/accelerate/prepared.py) appear only where the pl
 from __future__ import annotations
 
 import builtins
+from dataclasses import replace
 import random
 import weakref
 from contextlib import ExitStack, contextmanager, nullcontext
@@ -33,14 +34,15 @@ from runner.config import ParallelConfig, ParallelKind
 from runner.distributed.devices import Hardware, for_device, this_process
 from runner.accelerate.parallel import chosen_settings, follow_replaced_parameters
 from runner.distributed.dist import DistInfo
-from runner.accelerate.precision import Precision
+from runner.errors import ConfigError, Problem
+from runner.accelerate.precision import Precision, autocast_forward, plain_forward
 from runner.accelerate import collectives
 from runner.accelerate.extras import AcceleratorExtras
 from runner.accelerate.dataloader import PreparedDataLoader
 from runner.accelerate.trackers import kinds as tracker_kinds
 from runner.accelerate.options import (
-    DataLoaderConfiguration, DistributedType, ProjectConfiguration, accumulation_steps, distributed_type, make_scaler,
-    split_handlers,
+    DataLoaderConfiguration, DistributedType, GradientAccumulationPlugin, ProjectConfiguration, accumulation_steps,
+    as_own, distributed_type, make_scaler, split_handlers,
 )
 from runner.accelerate.prepared import AcceleratedOptimizer, AcceleratedScheduler, BatchSource, DeviceBatches, SharedState, tree_map
 
@@ -68,6 +70,8 @@ class Accelerator(AcceleratorExtras):
         project_dir: str | Path | None = None,
         log_with: str | list | None = None,
         project_config: ProjectConfiguration | None = None,
+        split_batches: bool | None = None,
+        autocast_forward: bool = True,
     ):
         """`precision`/`mixed_precision`: fp32 (Accelerate's "no"), bf16, fp16, fp8. The device: `hardware` (what
         the runner resolved), else `device` ("cpu", "cuda", "xla" for a TPU through torch_xla), else this process's
@@ -75,7 +79,15 @@ class Accelerator(AcceleratorExtras):
         ParallelConfig with their settings (a DistributedDataParallelKwargs in `kwargs_handlers`: DDP's).
         `mixed_precision`, `gradient_accumulation_steps`, `cpu` and `kwargs_handlers` are Accelerate's names, as
         are `dataloader_config`, `gradient_accumulation_plugin`, `step_scheduler_with_optimizer`, `project_dir` and
-        `log_with`, `project_config` (runner/accelerate/options.py, runner/accelerate/trackers.py)."""
+        `log_with`, `project_config` (runner/accelerate/options.py, runner/accelerate/trackers.py); Accelerate's
+        own objects for these are read as the runner's, refusing what the runner does not support. `split_batches`:
+        Accelerate's older spelling of DataLoaderConfiguration(split_batches=...).
+
+        `autocast_forward`: under bf16 or fp16, prepare() makes a model's forward run under the precision's autocast
+        and return its floating outputs in fp32, as Accelerate's prepare does, so a script that never enters
+        accelerator.autocast() still trains in its precision. The runner's own loop autocasts explicitly and
+        computes its loss from the low-precision outputs (an fp32 copy of a large vocabulary's logits costs memory),
+        so it passes False."""
         self.dist = dist or DistInfo.from_env()
         if hardware is None:
             hardware = for_device("cpu" if cpu else device) if (cpu or device is not None) else this_process()
@@ -95,11 +107,21 @@ class Accelerator(AcceleratorExtras):
         ddp_settings, scaler_settings = split_handlers(kwargs_handlers)
         self.scaler = make_scaler(self.precision.make_scaler(), self.device.type, scaler_settings)
         self.gradient_accumulation_steps, self.gradient_accumulation_plugin = accumulation_steps(
-            gradient_accumulation_steps, grad_accum_steps, gradient_accumulation_plugin)
+            gradient_accumulation_steps, grad_accum_steps,
+            as_own(gradient_accumulation_plugin, GradientAccumulationPlugin, "gradient_accumulation_plugin"))
         self.parallel = chosen_settings(parallel, ddp_settings)
-        self.dataloader_config = dataloader_config or DataLoaderConfiguration()
+        self.dataloader_config = as_own(dataloader_config, DataLoaderConfiguration, "dataloader_config") or \
+            DataLoaderConfiguration()
+        if split_batches is not None:
+            if dataloader_config is not None and self.dataloader_config.split_batches != split_batches:
+                raise ConfigError(Problem("Accelerator(split_batches)", (
+                    f"is {split_batches} and dataloader_config.split_batches is "
+                    f"{self.dataloader_config.split_batches}; give it once, in DataLoaderConfiguration")))
+            self.dataloader_config = replace(self.dataloader_config, split_batches=split_batches)
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
-        self.project_configuration = project_config or ProjectConfiguration()
+        self.autocast_forward = autocast_forward
+        self.project_configuration = as_own(project_config, ProjectConfiguration, "project_config") or \
+            ProjectConfiguration()
         if project_dir is not None and self.project_configuration.project_dir is None:
             self.project_configuration.project_dir = str(project_dir)
         configured = self.project_configuration.project_dir
@@ -222,12 +244,9 @@ class Accelerator(AcceleratorExtras):
             return self._prepare_dataloader(obj)
         if isinstance(obj, torch.optim.lr_scheduler.LRScheduler):
             return self._prepare_scheduler(obj)
-        if obj is None:
-            return obj
-        raise TypeError(
-            f"Accelerator.prepare() got a {type(obj).__name__}; it takes torch.nn.Module, torch.optim.Optimizer, "
-            "torch.utils.data.DataLoader, runner batch sources, LR schedulers and None"
-        )
+        # Anything else (None, a list, a tokenizer) comes back as given, as from Accelerate's prepare: scripts pass
+        # such objects through it.
+        return obj
 
     def convert_precision(self, model: nn.Module) -> nn.Module:
         """fp8: swap eligible Linear layers for Float8Linear (in place). Call before building the optimizer."""
@@ -240,6 +259,8 @@ class Accelerator(AcceleratorExtras):
         # them, and moving a model to an XLA device makes new parameter objects (torch cannot swap an XLA tensor
         # into a CPU parameter in place). Accelerate remaps the optimizer for both, as here.
         before = dict(model.named_parameters(remove_duplicate=False))
+        if self.autocast_forward and self.precision.autocast_dtype is not None:
+            autocast_forward(model, self.precision.autocast)  # the user's module, so unwrap_model keeps it
         if not self.shards_parameters:
             model = parallel.wrap(model.to(self.device), self.parallel, self.device, self.dist.is_distributed)
         else:
@@ -247,7 +268,7 @@ class Accelerator(AcceleratorExtras):
             # never on one device.
             model = parallel.wrap(model, self.parallel, self.device, True, world_size=self.dist.world_size,
                                   precision=self.precision.kind)
-        after = dict(self.unwrap_model(model).named_parameters(remove_duplicate=False))
+        after = dict(self.unwrap_model(model, keep_torch_compile=False).named_parameters(remove_duplicate=False))
         self._replaced_parameters.update({id(old): (weakref.ref(old), after[name]) for name, old in before.items()
                                          if after.get(name) is not None and after[name] is not old})
         del before
@@ -362,11 +383,37 @@ class Accelerator(AcceleratorExtras):
         self.unscale_gradients()
         nn.utils.clip_grad_value_(parameters, clip_value)
 
-    def unwrap_model(self, model: nn.Module) -> nn.Module:
-        """The user's module, without the DDP (or torch.compile) wrapper around it."""
-        while isinstance(model, nn.parallel.DistributedDataParallel) or hasattr(model, "_orig_mod"):
-            model = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model._orig_mod
+    def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True,
+                     keep_torch_compile: bool = True) -> nn.Module:
+        """The user's module without the DDP wrapper prepare() put around it, as Accelerate's: a torch.compile
+        wrapper of the user's is kept unless `keep_torch_compile=False`, and the autocast forward prepare() set
+        (autocast_forward) unless `keep_fp32_wrapper=False`."""
+        while True:
+            if isinstance(model, nn.parallel.DistributedDataParallel):
+                model = model.module
+            elif hasattr(model, "_orig_mod") and not (keep_torch_compile and not isinstance(
+                    model._orig_mod, nn.parallel.DistributedDataParallel)):
+                model = model._orig_mod
+            else:
+                break
+        if not keep_fp32_wrapper:
+            plain_forward(model)
         return model
+
+    @contextmanager
+    def trigger_sync_in_backward(self, model: nn.Module):
+        """Make the next backward all-reduce the gradients even inside no_sync()/accumulate(), as Accelerate's does
+        (DDP's own switches; a no-op for a model that is not DDP-wrapped)."""
+        if not isinstance(model, nn.parallel.DistributedDataParallel):
+            yield
+            return
+        kept = model.require_backward_grad_sync, model.require_forward_param_sync
+        model.require_backward_grad_sync = model.require_forward_param_sync = True
+        model.reducer.prepare_for_backward([])
+        try:
+            yield
+        finally:
+            model.require_backward_grad_sync, model.require_forward_param_sync = kept
 
     # -- across processes -----------------------------------------------------------------------------------------
 

@@ -7,6 +7,8 @@ experiment trackers (runner/accelerate/trackers.py), save_model (runner/checkpoi
 from __future__ import annotations
 
 import functools
+from collections import OrderedDict
+import logging
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,8 @@ from torch import nn
 from runner.accelerate import collectives, trackers
 from runner.distributed import dist as distributed
 from runner.config import ParallelKind
+
+_log = logging.getLogger(__name__)
 
 
 class AcceleratorExtras:
@@ -109,7 +113,8 @@ class AcceleratorExtras:
         every process must call it: the shards are gathered onto the main process, and the others get {}."""
         from runner.checkpoint.sharded import full_weights
 
-        return full_weights(self.unwrap_model(model) if unwrap else model, distributed=self.shards_parameters)
+        model = self.unwrap_model(model, keep_torch_compile=False) if unwrap else model
+        return full_weights(model, distributed=self.shards_parameters)
 
     def save_model(self, model: nn.Module, save_directory: str | Path, max_shard_size: int | str = "10GB",
                    safe_serialization: bool = True) -> None:
@@ -178,63 +183,120 @@ class AcceleratorExtras:
     # -- trackers (runner/accelerate/trackers.py) ------------------------------------------------------------------------------
 
     def init_trackers(self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None):
-        """Start the `log_with` trackers for a run named `project_name` under project_dir (main process only)."""
-        if self.is_main_process:
-            self.trackers = trackers.start(self.log_with, project_name, self.project_dir, config, init_kwargs)
+        """Start the `log_with` trackers for a run named `project_name` under project_dir: on the main process, and
+        a tracker object of your own whose `main_process_only` is False on every process (as Accelerate does)."""
+        wanted = [tracker for tracker in self.log_with if self.is_main_process
+                  or not getattr(tracker, "main_process_only", True)]
+        self.trackers = trackers.start(wanted, project_name, self.project_dir, config, init_kwargs)
 
     def get_tracker(self, name: str, unwrap: bool = False):
         for tracker in self.trackers:
-            if tracker.name == name:
+            if getattr(tracker, "name", None) == name:
                 return tracker.tracker if unwrap else tracker
         return None
 
     def log(self, values: dict, step: int | None = None, log_kwargs: dict | None = None) -> None:
         for tracker in self.trackers:
-            tracker.log(values, step=step, **(log_kwargs or {}).get(tracker.name, {}))
+            tracker.log(values, step=step, **(log_kwargs or {}).get(getattr(tracker, "name", None), {}))
 
     def end_training(self) -> None:
         for tracker in self.trackers:
-            tracker.finish()
+            if callable(getattr(tracker, "finish", None)):
+                tracker.finish()
         self.trackers = []
 
-    def save_state(self, output_dir: str | Path | None = None) -> Path:
+    def register_save_state_pre_hook(self, hook) -> torch.utils.hooks.RemovableHandle:
+        """`hook(models, weights, output_dir)` runs at the start of every save_state, as in Accelerate: `models` the
+        prepared models, `weights` their state dicts. A model whose entry the hook removes from `weights` is left
+        out of the save (the hook saves it its own way); other changes to `weights` are not saved."""
+        return _register(self, "_save_state_pre_hooks", hook)
+
+    def register_load_state_pre_hook(self, hook) -> torch.utils.hooks.RemovableHandle:
+        """`hook(models, input_dir)` runs at the start of every load_state; a model the hook removes from `models`
+        is not loaded (the hook loads it its own way), as in Accelerate."""
+        return _register(self, "_load_state_pre_hooks", hook)
+
+    def save_state(self, output_dir: str | Path | None = None, safe_serialization: bool = True,
+                   **save_model_func_kwargs) -> Path:
         """Save every prepared model, optimizer and scheduler, the scaler, the objects registered for checkpointing
         and each process's RNG state, in the runner's checkpoint format (written whole or not at all, with a
         verified manifest; sharded under FSDP). No directory: the next automatically named one under the
-        project_config's project_dir (runner/accelerate/options.py: ProjectConfiguration)."""
+        project_config's project_dir (runner/accelerate/options.py: ProjectConfiguration).
+
+        The weights are written as safetensors whatever `safe_serialization` says: Accelerate's False pickles them
+        (a file that can run code when loaded), which this format never does; False is accepted and says so once.
+        `save_model_func_kwargs` are Accelerate's arguments for its own model writer and are refused if given."""
         from runner.accelerate import saved_state  # safetensors and DCP: only for a loop that saves
 
+        if save_model_func_kwargs:
+            raise TypeError(f"save_state() got {sorted(save_model_func_kwargs)}: runner.Accelerator writes the weights "
+                            "itself (safetensors, sharded under FSDP) and takes no arguments for a model writer")
+        if not safe_serialization and not getattr(self, "_said_safe_serialization", False):
+            self._said_safe_serialization = True
+            _log.info("save_state(safe_serialization=False): the weights are written as safetensors anyway (a "
+                      "pickled file could run code when loaded); load_state reads them back the same way")
         project = self.project_configuration
         automatic = output_dir is None
         if automatic:
             output_dir = saved_state.automatic_dir(project, "save_state")
-        saved = saved_state.save(Path(output_dir), self._state_objects(), self.dist.world_size,
-                                       self.is_main_process)
+        objects = self._state_objects()
+        hooks = list(getattr(self, "_save_state_pre_hooks", {}).values())
+        if hooks:
+            weights = [model.state_dict() for model in objects.models]
+            kept = list(weights)
+            for hook in hooks:
+                hook(list(self._models), kept, str(output_dir))
+            objects.models = [model for model, state in zip(objects.models, weights)
+                              if any(state is still for still in kept)]
+        saved = saved_state.save(Path(output_dir), objects, self.dist.world_size, self.is_main_process)
         if automatic:
             project.iteration += 1
             if project.total_limit and self.is_main_process:
                 saved_state.keep_newest(saved.parent, project.total_limit)
         return saved
 
-    def load_state(self, input_dir: str | Path | None = None) -> None:
+    def load_state(self, input_dir: str | Path | None = None, load_kwargs: dict | None = None,
+                   **load_model_func_kwargs) -> None:
         """Restore what save_state wrote into the objects prepared (in the same order) by this Accelerator. A
         sharded state may be loaded on another number of processes. No directory: the newest automatically named
-        one under the project_config's project_dir."""
+        one under the project_config's project_dir. `load_kwargs` and `load_model_func_kwargs` are Accelerate's
+        arguments for torch.load and its model reader: refused if given (the state is read with weights_only)."""
         from runner.accelerate import saved_state
 
+        if load_kwargs or load_model_func_kwargs:
+            raise TypeError(f"load_state() got {sorted({**(load_kwargs or {}), **load_model_func_kwargs})}: "
+                            "runner.Accelerator reads the state itself (safetensors, and torch.load with "
+                            "weights_only=True, so that nothing in it runs) and takes no reader arguments")
         automatic = input_dir is None
         if automatic:
             input_dir = saved_state.newest_dir(self.project_configuration)
-        saved_state.load(Path(input_dir), self._state_objects(), self.dist.rank, self.dist.world_size)
+        objects = self._state_objects()
+        hooks = list(getattr(self, "_load_state_pre_hooks", {}).values())
+        if hooks:
+            models = list(self._models)
+            for hook in hooks:
+                hook(models, str(input_dir))
+            objects.models = [unwrapped for model, unwrapped in zip(self._models, objects.models)
+                              if any(model is still for still in models)]
+        saved_state.load(Path(input_dir), objects, self.dist.rank, self.dist.world_size)
         if automatic:  # the next save_state() continues the numbering, as Accelerate's does
             self.project_configuration.iteration = saved_state.number_of(Path(input_dir)) + 1
 
     def _state_objects(self):
         from runner.accelerate import saved_state
 
-        return saved_state.Objects([self.unwrap_model(model) for model in self._models], self._optimizers,
-                                         self._schedulers, self.scaler, self.parallel.kind is ParallelKind.fsdp,
-                                         list(self.custom_objects))
+        models = [self.unwrap_model(model, keep_torch_compile=False) for model in self._models]
+        return saved_state.Objects(models, self._optimizers, self._schedulers, self.scaler,
+                                   self.parallel.kind is ParallelKind.fsdp, list(self.custom_objects))
+
+
+def _register(accelerator, registry: str, hook) -> torch.utils.hooks.RemovableHandle:
+    if registry not in accelerator.__dict__:
+        setattr(accelerator, registry, OrderedDict())  # RemovableHandle keeps a weak reference: not a plain dict
+    hooks = getattr(accelerator, registry)
+    handle = torch.utils.hooks.RemovableHandle(hooks)
+    hooks[handle.id] = hook
+    return handle
 
 
 def _run_if(function, condition):

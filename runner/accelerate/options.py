@@ -9,8 +9,9 @@ Each field means what Accelerate documents for it; where the runner differs, the
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 from enum import Enum
+from typing import Any
 
 import torch
 
@@ -92,13 +93,24 @@ class GradScalerKwargs:
 
 
 class DistributedType(str, Enum):
-    """How the processes share the work, as `accelerator.distributed_type` reports it."""
+    """How the processes share the work, as `accelerator.distributed_type` reports it. Every member of Accelerate's
+    enum is here, so a script's comparisons (`== DistributedType.DEEPSPEED`) work; the runner reports NO,
+    MULTI_CPU, MULTI_GPU, FSDP and XLA."""
 
     NO = "NO"
     MULTI_CPU = "MULTI_CPU"
     MULTI_GPU = "MULTI_GPU"
+    MULTI_NPU = "MULTI_NPU"
+    MULTI_MLU = "MULTI_MLU"
+    MULTI_SDAA = "MULTI_SDAA"
+    MULTI_MUSA = "MULTI_MUSA"
+    MULTI_XPU = "MULTI_XPU"
+    DEEPSPEED = "DEEPSPEED"
     FSDP = "FSDP"
     XLA = "XLA"
+    MEGATRON_LM = "MEGATRON_LM"
+    MULTI_HPU = "MULTI_HPU"
+    MULTI_NEURON = "MULTI_NEURON"
 
 
 def distributed_type(device_type: str, num_processes: int, parallel_kind: str) -> DistributedType:
@@ -129,6 +141,11 @@ def split_handlers(kwargs_handlers: list | None) -> tuple[ParallelConfig | None,
 
     ddp, scaler = None, None
     for handler in kwargs_handlers or []:
+        # Accelerate's own handler objects, read as the runner's of the same name (as_own refuses what they set
+        # that the runner's lack).
+        own = {"DistributedDataParallelKwargs": DistributedDataParallelKwargs, "GradScalerKwargs": GradScalerKwargs}
+        if type(handler).__name__ in own and type(handler).__module__.startswith("accelerate"):
+            handler = as_own(handler, own[type(handler).__name__], "kwargs_handlers")
         if isinstance(handler, DistributedDataParallelKwargs):
             ddp = handler.to_config()
         elif isinstance(handler, GradScalerKwargs):
@@ -145,3 +162,27 @@ def make_scaler(scaler: torch.amp.GradScaler | None, device_type: str, settings:
     if scaler is None or settings is None:
         return scaler
     return torch.amp.GradScaler(device_type, **asdict(settings))
+
+
+def as_own(config: Any, own: type, argument: str) -> Any:
+    """Accelerate's own configuration object (accelerate.DataLoaderConfiguration, GradientAccumulationPlugin,
+    ProjectConfiguration, GradScalerKwargs) as the runner's class of the same name: every field the runner's has is
+    copied (and checked as the runner checks it); a field it lacks that is set to anything but its default is
+    refused, naming it. Never ignored. The runner's own objects, and None, pass through."""
+    if config is None or isinstance(config, own) or not is_dataclass(config):
+        return config
+    from dataclasses import MISSING, fields
+
+    known = {item.name for item in fields(own)}
+    unsupported = []
+    for item in fields(config):
+        value = getattr(config, item.name)
+        default = item.default_factory() if item.default_factory is not MISSING else item.default
+        if item.name not in known and value != default and not (value is None and default is MISSING):
+            unsupported.append(f"{item.name}={value!r}")
+    if unsupported:
+        raise ConfigError(Problem(f"Accelerator({argument})", (
+            f"{type(config).__module__}.{type(config).__name__} sets {', '.join(unsupported)}, which "
+            f"runner.Accelerator does not support; leave them at their defaults (the runner's {own.__name__} lists "
+            "what it supports)")))
+    return own(**{name: getattr(config, name) for name in known if hasattr(config, name)})

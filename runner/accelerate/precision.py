@@ -156,3 +156,37 @@ def _fp8_device_problems(device_type: str) -> list[Problem]:
             "use precision=bf16, or set precision.fp8_emulation=true to test the code path",
         )]
     return []
+
+
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def autocast_forward(model: nn.Module, autocast) -> None:
+    """Run `model`'s forward under `autocast()` and return its floating outputs in fp32, as Accelerate's prepare
+    does under mixed precision (Accelerator(autocast_forward=...) says who wants it). The original forward is kept
+    as `model._original_forward`, Accelerate's name, for plain_forward (unwrap_model(keep_fp32_wrapper=False))."""
+    from runner.accelerate.prepared import tree_map
+
+    if "_original_forward" in model.__dict__:  # prepared twice: one wrapper is enough
+        return
+    forward = model.forward
+    model._original_forward = forward
+
+    def forward_in_precision(*args, **kwargs):
+        with autocast():
+            outputs = forward(*args, **kwargs)
+        return tree_map(lambda tensor: tensor.float() if tensor.dtype in LOW_PRECISION else tensor, outputs)
+
+    forward_in_precision.__wrapped__ = forward
+    model.forward = forward_in_precision
+
+
+def plain_forward(model: nn.Module) -> None:
+    """Undo autocast_forward: the model's own forward again."""
+    original = model.__dict__.pop("_original_forward", None)
+    if original is None:
+        return
+    if getattr(original, "__self__", None) is model and getattr(original, "__func__", None) is type(model).forward:
+        model.__dict__.pop("forward", None)  # the class's forward again, as before prepare
+    else:
+        model.forward = original

@@ -1,4 +1,5 @@
-"""Accelerate's experiment trackers (`log_with`, `init_trackers`, `log`, `end_training`), on TensorBoard only.
+"""Accelerate's experiment trackers (`log_with`, `init_trackers`, `log`, `end_training`): TensorBoard, and tracker
+objects of the user's own (Accelerate's GeneralTracker subclasses) called as Accelerate calls them.
 
     accelerator = Accelerator(log_with="tensorboard", project_dir="runs")
     accelerator.init_trackers("my_run", config={"lr": 0.1})   # writes runs/my_run/ (main process only)
@@ -18,20 +19,28 @@ from runner.errors import ConfigError, Problem
 SUPPORTED = ("tensorboard",)
 
 
-def kinds(log_with: str | list | None) -> list[str]:
-    """The tracker names `log_with` asks for ("all" means every supported one); anything else is refused."""
+def kinds(log_with: str | list | None) -> list:
+    """The trackers `log_with` asks for: names ("all" means every supported one) and tracker objects of the
+    user's own (Accelerate's GeneralTracker subclasses, or any object with log() and store_init_configuration(),
+    kept as given); any other name is refused."""
     if log_with is None:
         return []
-    names = [log_with] if isinstance(log_with, str) else list(log_with)
-    names = [str(getattr(name, "value", name)).lower() for name in names]
+    given = [log_with] if isinstance(log_with, str) else list(log_with)
+    own = [tracker for tracker in given if is_own_tracker(tracker)]
+    names = [str(getattr(name, "value", name)).lower() for name in given if not is_own_tracker(name)]
     if "all" in names:
-        return list(SUPPORTED)
+        names = list(SUPPORTED)
     unsupported = [name for name in names if name not in SUPPORTED]
     if unsupported:
         raise ConfigError(Problem("Accelerator(log_with)", (
-            f"got {unsupported}; runner.Accelerator writes TensorBoard only: use log_with=\"tensorboard\" (or "
-            "\"all\"), or log to the other tracker yourself on accelerator.is_main_process")))
-    return names
+            f"got {unsupported}; runner.Accelerator writes TensorBoard itself: use log_with=\"tensorboard\" (or "
+            "\"all\"), or pass a tracker object of your own (an accelerate GeneralTracker subclass, or any object "
+            "with log(values, step) and store_init_configuration(config))")))
+    return names + own
+
+
+def is_own_tracker(tracker: Any) -> bool:
+    return callable(getattr(tracker, "log", None)) and callable(getattr(tracker, "store_init_configuration", None))
 
 
 class TensorBoardTracker:
@@ -69,12 +78,18 @@ class TensorBoardTracker:
         self.writer.close()
 
 
-def start(names: list[str], run_name: str, project_dir: Path | None, config: dict | None,
-          init_kwargs: dict | None) -> list[TensorBoardTracker]:
-    """The trackers for `names`, writing under `project_dir` (refused when there is none to write in)."""
+def start(wanted: list, run_name: str, project_dir: Path | None, config: dict | None,
+          init_kwargs: dict | None) -> list:
+    """The trackers for `wanted` (from kinds()): TensorBoard writing under `project_dir` (refused when there is none
+    to write in), and the user's own tracker objects, given the config as Accelerate gives it."""
+    own = [tracker for tracker in wanted if is_own_tracker(tracker)]
+    for tracker in own:
+        if config is not None:
+            tracker.store_init_configuration(config)
+    names = [name for name in wanted if not is_own_tracker(name)]
     if names and project_dir is None:
         raise ConfigError(Problem("Accelerator(project_dir)", (
             "is needed with log_with=\"tensorboard\": it is the directory the event files are written under; "
             "give Accelerator(log_with=\"tensorboard\", project_dir=\"runs\")")))
     init_kwargs = init_kwargs or {}
-    return [TensorBoardTracker(run_name, project_dir, config, **init_kwargs.get(name, {})) for name in names]
+    return [TensorBoardTracker(run_name, project_dir, config, **init_kwargs.get(name, {})) for name in names] + own

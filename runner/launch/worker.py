@@ -109,7 +109,7 @@ def _run(spec: RunSpec, dist: DistInfo, peers, keep_process_group: bool) -> dict
     # the schedule steps once per optimizer step (Accelerate's convention; see Accelerator._prepare_scheduler).
     accelerator = Accelerator(hardware=hardware, precision=config.precision.kind, dist=dist,
                               gradient_accumulation_steps=spec.batch.accumulation, parallel=config.parallel,
-                              dataloader_config=DataLoaderConfiguration(split_batches=True))
+                              dataloader_config=DataLoaderConfiguration(split_batches=True), autocast_forward=False)
     final = train(spec, accelerator, peers)
     # Only after success: a failing rank keeps its connections until it exits, after it has reported its error, so
     # its peers (which fail when those connections drop) cannot be reported first and hide the root cause.

@@ -361,8 +361,16 @@ def test_trigger_register_and_free_memory_work():
 
 
 def test_unwrap_model_through_torch_compile():
+    """Accelerate keeps a compile wrapper by default and removes it with keep_torch_compile=False; so does the
+    runner."""
+    import accelerate
+
     model = nn.Linear(2, 2)
-    assert Accelerator("cpu").unwrap_model(torch.compile(model)) is model
+    compiled = torch.compile(model)
+    for keep in (True, False):
+        expected = accelerate.Accelerator(cpu=True).unwrap_model(compiled, keep_torch_compile=keep)
+        assert Accelerator("cpu").unwrap_model(compiled, keep_torch_compile=keep) is expected
+    assert Accelerator("cpu").unwrap_model(compiled, keep_torch_compile=False) is model
 
 
 def test_trackers_write_tensorboard_that_reads_back(tmp_path):
@@ -467,10 +475,11 @@ def test_join_uneven_inputs_lets_one_finish_first(two_processes):
     assert (zero["batches_after"], one["batches_after"]) == (3, 3)
 
 
-def test_two_process_no_sync_unwrap_pickle_and_skip(two_processes):
+def test_two_process_no_sync_trigger_unwrap_pickle_and_skip(two_processes):
     zero, one = check(two_processes, "models")
     for result in (zero, one):
         assert result["local"] == [[1.0, 1.0], [2.0, 2.0]] and result["synced"] == [[1.5, 1.5], [1.5, 1.5]]
+        assert result["triggered"] == [[3.0, 3.0], [3.0, 3.0]] and result["sync_restored"] is True  # (2 + 4) / 2
         assert result["unwrapped"]
         assert result["copied"] == result["original"] and sorted(sum(result["copied"], [])) == list(range(12))
     assert zero["skipped"] == [[4, 5], [8, 9]] and one["skipped"] == [[6, 7], [10, 11]]
@@ -531,3 +540,156 @@ def test_save_state_names_prunes_and_keeps_objects(tmp_path):
         again.save_state(tmp_path / "elsewhere")
     with pytest.raises(ConfigError, match="ProjectConfiguration.total_limit: is 0"):
         Accelerator(cpu=True, project_config=ProjectConfiguration(str(tmp_path), None, True, 0)).save_state()
+
+
+# -- what Accelerate's own scripts pass (issue 26): the same values, keywords and objects -----------------------------
+
+def fresh_accelerate(**kwargs):
+    """accelerate.Accelerator(**kwargs) in this process, its global state reset first (Accelerate refuses another
+    mixed_precision once its AcceleratorState singleton exists)."""
+    import accelerate
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    return accelerate.Accelerator(**kwargs)
+
+
+def test_prepare_autocasts_the_forward_as_accelerate_does():
+    """Under bf16 a prepared model runs its forward in bf16 and returns fp32, without accelerator.autocast(), equal
+    to Accelerate's prepared model; unwrap_model(keep_fp32_wrapper=False) gives back the plain fp32 forward."""
+    inputs = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+    outputs = {}
+    for name, make in (("runner", lambda: Accelerator(cpu=True, mixed_precision="bf16")),
+                       ("accelerate", lambda: fresh_accelerate(cpu=True, mixed_precision="bf16"))):
+        torch.manual_seed(0)
+        accelerator = make()
+        model = accelerator.prepare(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)))
+        prepared = model(inputs)
+        plain = accelerator.unwrap_model(model, keep_fp32_wrapper=False)(inputs)
+        outputs[name] = (prepared, plain)
+    (prepared, plain), (expected, expected_plain) = outputs["runner"], outputs["accelerate"]
+    assert prepared.dtype == expected.dtype == torch.float32
+    assert torch.equal(prepared, expected) and torch.equal(plain, expected_plain)
+    assert not torch.equal(prepared, plain)  # bf16 arithmetic, not fp32's
+    # The runner's own loop autocasts explicitly: its model's forward is left as it is, fp32 outside autocast().
+    torch.manual_seed(0)
+    reference = nn.Linear(8, 4)
+    model = Accelerator(cpu=True, mixed_precision="bf16", autocast_forward=False).prepare(_copy_of(reference))
+    assert "_original_forward" not in model.__dict__ and torch.equal(model(inputs), reference(inputs))
+
+
+def _copy_of(module: nn.Module) -> nn.Module:
+    import copy
+
+    return copy.deepcopy(module)
+
+
+def test_properties_and_enum_match_accelerate():
+    import accelerate
+
+    for mixed_precision in ("no", "bf16", "fp16"):
+        ours, theirs = (Accelerator(cpu=True, mixed_precision=mixed_precision),
+                        fresh_accelerate(cpu=True, mixed_precision=mixed_precision))
+        for name in ("mixed_precision", "distributed_type", "num_processes", "process_index", "local_process_index",
+                     "is_main_process", "is_local_main_process", "gradient_accumulation_steps", "sync_gradients",
+                     "use_distributed", "split_batches", "even_batches", "device"):
+            assert getattr(ours, name) == getattr(theirs, name), (mixed_precision, name)
+    members = {member.name: member.value for member in accelerate.DistributedType}
+    assert members == {member.name: member.value for member in DistributedType if member.name in members}
+    assert Accelerator(cpu=True, split_batches=True).split_batches is True
+    with pytest.raises(ConfigError, match=r"Accelerator\(split_batches\): is False and dataloader_config"):
+        Accelerator(cpu=True, split_batches=False, dataloader_config=DataLoaderConfiguration(split_batches=True))
+
+
+def test_accelerates_own_config_objects_are_honoured_or_refused(tmp_path):
+    """accelerate's DataLoaderConfiguration, ProjectConfiguration, GradientAccumulationPlugin and kwargs handlers
+    are read as the runner's; what the runner does not support is refused, naming it, never ignored."""
+    import accelerate
+    from accelerate.utils import DistributedDataParallelKwargs, GradScalerKwargs as TheirScalerKwargs
+    from accelerate.utils import ProjectConfiguration as TheirProject
+
+    accelerator = Accelerator(
+        "cpu", "fp16", dataloader_config=accelerate.DataLoaderConfiguration(split_batches=True, even_batches=False),
+        gradient_accumulation_plugin=accelerate.utils.GradientAccumulationPlugin(num_steps=3),
+        project_config=TheirProject(project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=2),
+        kwargs_handlers=[TheirScalerKwargs(init_scale=1024), DistributedDataParallelKwargs(bucket_cap_mb=5)])
+    assert accelerator.split_batches is True and accelerator.even_batches is False
+    assert accelerator.gradient_accumulation_steps == 3 and accelerator.scaler.get_scale() == 1024.0
+    assert accelerator.project_configuration.total_limit == 2 and accelerator.parallel.bucket_cap_mb == 5
+    with pytest.raises(ConfigError, match=r"DataLoaderConfiguration.dispatch_batches.*True is not supported"):
+        Accelerator("cpu", dataloader_config=accelerate.DataLoaderConfiguration(dispatch_batches=True))
+    with pytest.raises(ConfigError, match=r"use_stateful_dataloader.*skip_first_batches"):
+        Accelerator("cpu", dataloader_config=accelerate.DataLoaderConfiguration(use_stateful_dataloader=True))
+    with pytest.raises(ConfigError, match=r"Accelerator\(project_config\): accelerate.utils.dataclasses."
+                                          r"ProjectConfiguration sets save_on_each_node=True"):
+        Accelerator("cpu", project_config=TheirProject(save_on_each_node=True))
+
+
+def test_custom_trackers_are_called_as_accelerate_calls_them(tmp_path):
+    """A GeneralTracker of the user's own in log_with: the config at init_trackers, every log with its step, finish
+    at end_training, get_tracker by name; the same calls, in the same order, as under Accelerate."""
+    from accelerate.tracking import GeneralTracker
+
+    class Recorder(GeneralTracker):
+        name, requires_logging_directory = "recorder", False
+
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        @property
+        def tracker(self):
+            return self.calls
+
+        def store_init_configuration(self, values):
+            self.calls.append(("config", dict(values)))
+
+        def log(self, values, step=None, **kwargs):
+            self.calls.append(("log", dict(values), step))
+
+        def finish(self):
+            self.calls.append(("finish",))
+
+    recorded = {}
+    for name, make in (("runner", Accelerator), ("accelerate", fresh_accelerate)):
+        recorder = Recorder()
+        accelerator = make(cpu=True, log_with=[recorder], project_dir=tmp_path / name)
+        accelerator.init_trackers("run", config={"lr": 0.1})
+        accelerator.log({"loss": 0.5}, step=3)
+        assert accelerator.get_tracker("recorder") is recorder
+        accelerator.end_training()
+        recorded[name] = recorder.calls
+    assert recorded["runner"] == recorded["accelerate"] == [("config", {"lr": 0.1}), ("log", {"loss": 0.5}, 3),
+                                                            ("finish",)]
+
+
+def test_save_and_load_state_hooks_and_keywords(tmp_path, caplog):
+    """register_save_state_pre_hook/register_load_state_pre_hook as in Accelerate (a model the hook takes out is
+    saved and loaded by the hook), save_state(safe_serialization=False) still writes safetensors (said once),
+    reader arguments are refused."""
+    caplog.set_level("INFO")
+    accelerator = Accelerator(cpu=True)
+    first, second = accelerator.prepare(nn.Linear(2, 2), nn.Linear(3, 3))
+    seen = []
+
+    def keep_second_out(models, weights, output_dir):
+        seen.append((len(models), len(weights), output_dir))
+        weights.pop(1)  # the hook saves the second model its own way
+
+    handle = accelerator.register_save_state_pre_hook(keep_second_out)
+    saved = accelerator.save_state(tmp_path / "state", safe_serialization=False)
+    assert seen == [(2, 2, str(tmp_path / "state"))] and "written as safetensors anyway" in caplog.text
+    assert sorted(path.name for path in saved.glob("*.safetensors")) == ["model_0.safetensors"]
+    handle.remove()
+    accelerator.save_state(tmp_path / "again")
+    assert len(seen) == 1  # removed
+    before = first.weight.detach().clone()
+    with torch.no_grad():
+        first.weight.zero_()
+    loaded = []
+    accelerator.register_load_state_pre_hook(lambda models, input_dir: (loaded.append(input_dir), models.pop(1)))
+    accelerator.load_state(tmp_path / "state")
+    assert loaded == [str(tmp_path / "state")] and torch.equal(first.weight, before)
+    with pytest.raises(TypeError, match=r"load_state\(\) got \['map_location'\]"):
+        accelerator.load_state(tmp_path / "state", load_kwargs={"map_location": "cpu"})

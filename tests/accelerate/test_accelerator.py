@@ -227,9 +227,11 @@ def test_save_state_then_load_state_resumes_exactly(tmp_path):
     assert damage(tmp_path / "state") is None and not list(tmp_path.glob(".partial-*"))
 
 
-def test_prepare_rejects_what_it_cannot_place():
-    with pytest.raises(TypeError, match="got a dict; it takes torch.nn.Module"):
-        Accelerator("cpu").prepare({"not": "preparable"})
+def test_prepare_returns_what_it_does_not_prepare_unchanged():
+    """As Accelerate's prepare: scripts pass other objects (a list, a tokenizer) through it."""
+    given, listed = {"not": "preparable"}, [nn.Linear(2, 2)]
+    prepared = Accelerator("cpu").prepare(given, listed)
+    assert prepared[0] is given and prepared[1] is listed
 
 
 def test_accelerate_argument_names_and_properties():
@@ -246,7 +248,8 @@ def test_accelerate_argument_names_and_properties():
 def test_unwrap_model_removes_compile_and_ddp_wrappers():
     model = make_model()
     compiled_like = types.SimpleNamespace(_orig_mod=model)
-    assert Accelerator("cpu").unwrap_model(compiled_like) is model
+    assert Accelerator("cpu").unwrap_model(compiled_like, keep_torch_compile=False) is model
+    assert Accelerator("cpu").unwrap_model(compiled_like) is compiled_like  # Accelerate's default keeps it
     assert Accelerator("cpu").unwrap_model(model) is model
 
 

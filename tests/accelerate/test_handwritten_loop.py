@@ -69,8 +69,8 @@ def test_autocast_and_main_process_print(capsys):
     assert capsys.readouterr().out == "hello 1\n"
 
 
-def test_prepare_refuses_what_it_cannot_prepare():
+def test_prepare_model_refuses_what_is_not_a_model():
     import pytest
 
-    with pytest.raises(TypeError, match="prepare\\(\\) got a str"):
-        Accelerator("cpu").prepare("model.pt")
+    with pytest.raises(TypeError, match="prepare_model\\(\\) takes a torch.nn.Module, not a str"):
+        Accelerator("cpu").prepare_model("model.pt")
