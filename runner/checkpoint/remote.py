@@ -27,7 +27,7 @@ import shutil
 from pathlib import Path
 
 from runner.checkpoint import files
-from runner.errors import CheckpointError, ConfigError
+from runner.errors import CheckpointError, ConfigError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -148,8 +148,11 @@ class Storage:
             local = directory / name
             if local.is_dir() and files.damage(local, verify) is None:
                 return local
-            self._download(name, directory)
-            reason = files.damage(local, verify)
+            try:
+                self._download(name, directory)
+                reason = files.damage(local, verify)
+            except (OSError, ValueError) as err:  # an object deleted or unreadable since the commit
+                reason = f"it could not be downloaded ({type(err).__name__}: {first_line(err)})"
             if reason is None:
                 if skipped:
                     log.warning("resume: falling back to %s/%s/%s, the newest intact checkpoint there (skipped: %s)",
@@ -189,7 +192,7 @@ class Storage:
 
 
 def _access_message(url: str, err: Exception) -> str:
-    text = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}".rstrip(": ")
+    text = f"{type(err).__name__}: {first_line(err)}".rstrip(": ")
     if isinstance(err, PermissionError):
         why = ("refused the credentials. For S3 set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), "
                "and AWS_ENDPOINT_URL for an S3-compatible server; the identity needs to list, read, write and "

@@ -65,7 +65,8 @@ def config_hash(resolved: dict) -> str:
 
 
 class Checkpointer:
-    """Saves into `<run dir>/checkpoints` on a cadence, keeps the last/best K, exports final and best weights."""
+    """Saves into `<run dir>/checkpoints` on a cadence, keeps the last/best K, exports final and best weights; with
+    checkpoint.dir, commits each checkpoint and export to that storage too (runner/checkpoint/remote.py)."""
 
     def __init__(self, run_dir: Path, settings: CheckpointConfig, *, writer: bool, monitor: str,
                  monitor_mode: MonitorMode, world_size: int, resolved: dict, layout: Layout = Layout.safetensors):

@@ -139,9 +139,10 @@ def test_fetch_verifies_and_a_tampered_object_falls_back(aws, tmp_path, caplog):
     model, optimizer = trained_objects()
     url = f"s3://{BUCKET}/tampered"
     saver = checkpointer(tmp_path / "first", url, keep_last=None)
-    for step in (1, 2):
+    for step in (1, 2, 3):
         save(saver, model, optimizer, step)
     stored = Storage(url)
+    stored.fs.rm(stored.path("checkpoints", "step_00000003", "state.pt"))  # deleted from the bucket since
     weights = stored.path("checkpoints", "step_00000002", MODEL_FILE)
     data = bytearray(stored.fs.cat_file(weights))
     data[-1] ^= 0xFF
@@ -150,6 +151,7 @@ def test_fetch_verifies_and_a_tampered_object_falls_back(aws, tmp_path, caplog):
     elsewhere = tmp_path / "elsewhere"
     chosen = find_resume("auto", elsewhere, storage=Storage(url))
     assert chosen == elsewhere / "checkpoints" / "step_00000001"
+    assert "step_00000003 is damaged: it could not be downloaded (FileNotFoundError" in caplog.text
     assert "step_00000002 is damaged" in caplog.text and "does not match its sha256" in caplog.text
     assert not (elsewhere / "checkpoints" / "step_00000002").exists()  # the damaged download is not kept
     fresh, fresh_optimizer = trained_objects(seed=1)
