@@ -18,10 +18,11 @@ costs nothing. Wrappers (runner/accelerate/prepared.py) appear only where the pl
 from __future__ import annotations
 
 import builtins
-from dataclasses import replace
+import os
 import random
 import weakref
 from contextlib import ExitStack, contextmanager, nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,8 @@ class Accelerator(AcceleratorExtras):
         the runner resolved), else `device` ("cpu", "cuda", "xla" for a TPU through torch_xla), else this process's
         GPU when CUDA is present (`cpu=True`: the CPU). `parallel`: "ddp" (the default), "fsdp", "none", or a
         ParallelConfig with their settings (a DistributedDataParallelKwargs in `kwargs_handlers`: DDP's).
+        Neither given: ACCELERATE_MIXED_PRECISION from the environment (`runner launch` sets it from the config, as
+        `accelerate launch` does), else fp32.
         `mixed_precision`, `gradient_accumulation_steps`, `cpu` and `kwargs_handlers` are Accelerate's names, as
         are `dataloader_config`, `gradient_accumulation_plugin`, `step_scheduler_with_optimizer`, `project_dir` and
         `log_with`, `project_config` (runner/accelerate/options.py, runner/accelerate/trackers.py); Accelerate's
@@ -102,6 +105,9 @@ class Accelerator(AcceleratorExtras):
             self.xla = Xla()
         explicit = device is not None and self.xla is None  # an XLA device is torch_xla's to hand out
         self.device = torch.device(device) if explicit else hardware.device(self.dist.local_rank, self.xla)
+        if precision is None and mixed_precision is None:
+            # Set by `runner launch` (from the machine's config or its command line) and by `accelerate launch`.
+            mixed_precision = os.environ.get("ACCELERATE_MIXED_PRECISION") or None
         kind = precision or ACCELERATE_PRECISION.get(mixed_precision, mixed_precision)
         self.precision = Precision(kind, self.device.type)
         ddp_settings, scaler_settings = split_handlers(kwargs_handlers)

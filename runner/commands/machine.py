@@ -87,6 +87,29 @@ def write(settings: dict[str, str]) -> Path:
     return path
 
 
+def missing_gpus(gpu_ids: str | None) -> str | None:
+    """A warning when the gpu_ids being saved name GPUs this machine does not have: saved all the same (the file
+    may be meant for another machine), but a run here would not find them."""
+    if not gpu_ids or gpu_ids.strip() in ("all", "null", "[]"):
+        return None
+    import torch
+    import yaml
+
+    from runner.distributed.devices import parse_gpu_ids
+
+    try:
+        wanted = parse_gpu_ids(yaml.safe_load(gpu_ids)) or []
+    except (ValueError, yaml.YAMLError):  # write() has refused it already
+        return None
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    absent = [gpu for gpu in wanted if gpu >= count]
+    if not absent:
+        return None
+    return (f"warning: gpu_ids {gpu_ids} name GPU(s) {absent} this machine does not have (it has {count} CUDA "
+            f"GPU(s)); saved anyway, for a machine that has them: a run here with hardware=gpu or multi_gpu would "
+            "refuse them")
+
+
 def show() -> str:
     from runner.run.compose import load
 
@@ -129,7 +152,11 @@ def main(argv: list[str] | None = None) -> None:
         if command == "show":
             print(show())
         elif command == "set":
-            print(f"wrote {write(parse(rest))}\n{show()}")
+            settings = parse(rest)
+            print(f"wrote {write(settings)}\n{show()}")
+            warning = missing_gpus(settings.get("gpu_ids"))
+            if warning:
+                print(warning, file=sys.stderr)
         elif command == "init":
             print(f"wrote {write(interview())}\n{show()}")
         elif command == "clear":

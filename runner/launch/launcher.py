@@ -148,11 +148,15 @@ def main(argv: list[str] | None = None) -> None:
               "my_script.py [its arguments]   (or: -m my_package.module [its arguments])", file=sys.stderr)
         raise SystemExit(2)
     try:
-        hardware = load(overrides).hardware
+        spec = load(overrides)
+        hardware = spec.hardware
         if hardware.external_launcher:
             raise LaunchError("python -m runner.launch was itself started by torchrun or srun, which already started one "
                               "process per rank: run the script directly under it instead")
         hardware.apply()
+        # The precision of this machine's config (`runner machine set precision=bf16`) or the command line reaches
+        # the script's Accelerator() as `accelerate launch` passes its own: through this variable.
+        os.environ[PRECISION_VARIABLE] = accelerate_precision(spec.config.precision.kind.value)
         code = _launch_script(hardware, command)
     except RunnerError as err:
         exit_with(err)
@@ -160,6 +164,13 @@ def main(argv: list[str] | None = None) -> None:
         print("runner: interrupted (Ctrl-C)", file=sys.stderr)
         raise SystemExit(INTERRUPTED_EXIT_CODE)
     raise SystemExit(code)
+
+
+PRECISION_VARIABLE = "ACCELERATE_MIXED_PRECISION"  # Accelerate's name, read by runner.Accelerator() too
+
+
+def accelerate_precision(kind: str) -> str:
+    return "no" if kind == "fp32" else kind
 
 
 def _launch_script(hardware, command: list[str]) -> int:

@@ -56,3 +56,37 @@ def test_show_and_clear(home, capsys):
     machine.main(["clear"])
     assert not (home / "local" / "machine.yaml").exists()
     assert load([]).hardware.processes_per_machine == 1
+
+
+def test_gpu_ids_this_machine_lacks_are_saved_with_a_warning(home, capsys):
+    """A file written for another machine is kept, but says which GPUs are not here."""
+    count = __import__("torch").cuda.device_count()
+    machine.main(["set", f"gpu_ids=[{count},{count + 1}]"])
+    captured = capsys.readouterr()
+    assert load([]).config.gpu_ids == [count, count + 1]  # saved
+    assert (f"warning: gpu_ids [{count},{count + 1}] name GPU(s) [{count}, {count + 1}] this machine does not have "
+            f"(it has {count} CUDA GPU(s)); saved anyway") in captured.err
+    machine.main(["set", "gpu_ids=all"])
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_the_machines_precision_reaches_a_launched_script(home, tmp_path):
+    """`runner machine set precision=bf16`, then `runner launch script.py`: the script's Accelerator() trains in
+    bf16, as `accelerate config` + `accelerate launch` give it (ACCELERATE_MIXED_PRECISION); the command line wins."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    machine.main(["set", "precision=bf16"])
+    script = tmp_path / "script.py"
+    script.write_text("import sys\nfrom runner import Accelerator\n"
+                      "open(sys.argv[1], 'w').write(Accelerator().mixed_precision)\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for overrides, expected in (([], "bf16"), (["precision=fp32"], "no")):
+        result = subprocess.run([sys.executable, "-m", "runner.launch", *overrides, str(script),
+                                 str(tmp_path / "seen")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                                timeout=300)
+        assert result.returncode == 0, result.stderr
+        assert (tmp_path / "seen").read_text() == expected, overrides
