@@ -259,7 +259,8 @@ class AcceleratorExtras:
                    **load_model_func_kwargs) -> None:
         """Restore what save_state wrote into the objects prepared (in the same order) by this Accelerator. A
         sharded state may be loaded on another number of processes. No directory: the newest automatically named
-        one under the project_config's project_dir. `load_kwargs` and `load_model_func_kwargs` are Accelerate's
+        one under the project_config's project_dir. A directory Accelerate's own save_state wrote is read too, as
+        plain data (runner/accelerate/accelerate_dir.py). `load_kwargs` and `load_model_func_kwargs` are Accelerate's
         arguments for torch.load and its model reader: refused if given (the state is read with weights_only)."""
         from runner.accelerate import saved_state
 

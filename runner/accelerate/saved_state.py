@@ -31,6 +31,7 @@ from runner.checkpoint.files import Layout
 from runner.checkpoint.rng import capture_rng, restore_rng
 from runner.distributed.dist import all_gather_object, barrier
 from runner.errors import CheckpointError
+from runner.accelerate import accelerate_dir
 from runner.accelerate.parallel import is_sharded
 from runner.accelerate.prepared import unwrap_optimizer
 
@@ -82,7 +83,11 @@ def save(directory: Path, objects: Objects, world_size: int, is_main: bool) -> P
 
 
 def load(directory: Path, objects: Objects, rank: int, world_size: int) -> None:
-    """Every process: verify `directory` against its manifest, then restore it into the prepared objects."""
+    """Every process: verify `directory` against its manifest, then restore it into the prepared objects. A
+    directory Accelerate's save_state wrote is read as Accelerate lays it out (runner/accelerate/accelerate_dir.py)."""
+    if accelerate_dir.is_accelerate_dir(directory):
+        accelerate_dir.load(directory, objects, rank)
+        return
     reason = files.damage(directory)
     if reason is not None:
         raise CheckpointError(f"load_state: cannot load {directory}: {reason}; give a directory written by "

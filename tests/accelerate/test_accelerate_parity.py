@@ -693,3 +693,80 @@ def test_save_and_load_state_hooks_and_keywords(tmp_path, caplog):
     assert loaded == [str(tmp_path / "state")] and torch.equal(first.weight, before)
     with pytest.raises(TypeError, match=r"load_state\(\) got \['map_location'\]"):
         accelerator.load_state(tmp_path / "state", load_kwargs={"map_location": "cpu"})
+
+
+@pytest.mark.parametrize("safe_serialization", [True, False], ids=["safetensors", "bin"])
+def test_load_state_reads_a_directory_accelerate_wrote(tmp_path, safe_serialization):
+    """Switching mid-project: Accelerate's save_state (two models, optimizer, scheduler, a registered object, RNG)
+    loaded by runner.Accelerator's load_state: every state equal, the random generators where Accelerate left
+    them; its pickles read as plain data only."""
+    import random
+
+    import numpy as np
+
+    class Counter:
+        def __init__(self):
+            self.count = 0
+
+        def state_dict(self):
+            return {"count": self.count}
+
+        def load_state_dict(self, state):
+            self.count = state["count"]
+
+    def objects(seed: int):
+        torch.manual_seed(seed)
+        models = [nn.Linear(3, 2), nn.Linear(2, 1)]
+        optimizer = torch.optim.AdamW([p for model in models for p in model.parameters()], lr=0.1)
+        return models, optimizer, torch.optim.lr_scheduler.StepLR(optimizer, 2)
+
+    theirs = fresh_accelerate(cpu=True)
+    models, optimizer, scheduler = objects(0)
+    first, second, optimizer, scheduler = theirs.prepare(*models, optimizer, scheduler)
+    counter = Counter()
+    counter.count = 7
+    theirs.register_for_checkpointing(counter)
+    for _ in range(3):
+        second(first(torch.randn(4, 3))).sum().backward()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+    theirs.save_state(str(tmp_path / "accelerate"), safe_serialization=safe_serialization)
+    expected_rng = (torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy())
+    torch.rand(5), random.random(), np.random.rand()  # move every generator on
+
+    ours = Accelerator(cpu=True)
+    models, fresh_optimizer, fresh_scheduler = objects(1)
+    loaded_first, loaded_second, fresh_optimizer, fresh_scheduler = ours.prepare(*models, fresh_optimizer,
+                                                                                  fresh_scheduler)
+    restored = Counter()
+    ours.register_for_checkpointing(restored)
+    ours.load_state(tmp_path / "accelerate")
+    for mine, saved in ((loaded_first, first), (loaded_second, second)):
+        assert all(torch.equal(a, b) for a, b in zip(mine.state_dict().values(), saved.state_dict().values()))
+    saved_state, loaded_state = optimizer.state_dict()["state"], fresh_optimizer.state_dict()["state"]
+    assert all(torch.equal(saved_state[key]["exp_avg"], loaded_state[key]["exp_avg"]) for key in saved_state)
+    assert fresh_scheduler.state_dict()["last_epoch"] == 3 and restored.count == 7
+    assert torch.equal(torch.get_rng_state(), expected_rng[0]) and random.getstate() == expected_rng[1]
+    assert np.array_equal(np.random.get_state()[1], expected_rng[2])
+
+
+def test_load_state_refuses_an_accelerate_pickle_holding_code(tmp_path):
+    """A random_states_0.pkl that would run a command when unpickled: refused, naming the file; nothing runs."""
+    from checkpoint_helpers import TouchesAFile
+
+    theirs = fresh_accelerate(cpu=True)
+    theirs.prepare(nn.Linear(2, 2))
+    theirs.save_state(str(tmp_path / "accelerate"))
+    marker = tmp_path / "ran"
+    torch.save({"random_state": TouchesAFile(marker)}, tmp_path / "accelerate" / "random_states_0.pkl")
+    ours = Accelerator(cpu=True)
+    ours.prepare(nn.Linear(2, 2))
+    with pytest.raises(CheckpointError, match=r"random_states_0.pkl holds objects other than tensors, numbers, "
+                                              r"strings and containers .* could run code"):
+        ours.load_state(tmp_path / "accelerate")
+    assert not marker.exists()
+    ours_two = Accelerator(cpu=True)
+    ours_two.prepare(nn.Linear(2, 2), nn.Linear(2, 2))
+    with pytest.raises(CheckpointError, match=r"holds 1 model\(s\) \(model.safetensors\), but 2 were prepared"):
+        ours_two.load_state(tmp_path / "accelerate")
