@@ -70,13 +70,17 @@ def reproduces_one_process_at_twice_the_batch() -> dict:
     two = _train(Accelerator("cpu"), DataLoader(_data(), batch_size=4, shuffle=True,
                                                 generator=torch.Generator().manual_seed(7)), _model())
     out["generator"] = {"plain": plain, "two": two}
+    # The global RNG, each process seeded differently: the order and the weights are Accelerate's own on the same
+    # 2 processes (its prepare seeds one generator from the global RNG, then rank 0's state leads every pass).
     model = _model()  # made before seeding: the shuffle must come from the seed set next
-    torch.manual_seed(3)
-    plain = _train(None, DataLoader(_data(), batch_size=8, shuffle=True), model)
+    torch.manual_seed(3 + 100 * rank)
+    accelerate_order = _train(_accelerate(), DataLoader(_data(), batch_size=4, shuffle=True), model)
+    accelerate_after = torch.rand(3).tolist()  # where the global RNG was left
     model = _model()
     torch.manual_seed(3 + 100 * rank)
     two = _train(Accelerator("cpu"), DataLoader(_data(), batch_size=4, shuffle=True), model)
-    out["global_rng"] = {"plain": plain, "two": two}
+    out["global_rng"] = {"plain": accelerate_order, "two": two}
+    out["global_rng_after"] = {"accelerate": accelerate_after, "runner": torch.rand(3).tolist()}
     split = Accelerator("cpu", dataloader_config=DataLoaderConfiguration(split_batches=True))
     two = _train(split, DataLoader(_data(), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(7)),
                  _model())
@@ -85,6 +89,16 @@ def reproduces_one_process_at_twice_the_batch() -> dict:
     two = _train(Accelerator("cpu"), DataLoader(_data(), batch_size=4, sampler=Reversed(40, seed=5 + rank)), _model())
     out["custom_sampler"] = {"plain": plain, "two": two}
     return out
+
+
+def _accelerate():
+    """HuggingFace Accelerate's own Accelerator in this process group (the test extra installs it)."""
+    import accelerate
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    return accelerate.Accelerator(cpu=True)
 
 
 class Reversed(torch.utils.data.Sampler):

@@ -53,11 +53,12 @@ def shard(loader: DataLoader, num_processes: int, process_index: int, config) ->
             raise ConfigError(Problem("DataLoaderConfiguration.split_batches", (
                 "cannot split the batches of a DataLoader with batch_size=None (its dataset returns whole "
                 "batches, which the runner cannot cut); use split_batches=False, or let the DataLoader batch")))
-        keys = with_agreed_shuffle(loader.sampler, config.use_seedable_sampler, config.data_seed)
+        keys = with_agreed_shuffle(loader.sampler, config.use_seedable_sampler, config.data_seed, num_processes)
         sampler = BatchShard(keys, num_processes, process_index, False, even, None)
         return DataLoader(loader.dataset, batch_size=None, sampler=sampler, collate_fn=loader.collate_fn,
                           **settings), sampler
-    source = with_agreed_shuffle(loader.batch_sampler, config.use_seedable_sampler, config.data_seed)
+    source = with_agreed_shuffle(loader.batch_sampler, config.use_seedable_sampler, config.data_seed,
+                                 num_processes)
     size = getattr(loader.batch_sampler, "batch_size", loader.batch_size)
     drop_last = getattr(loader.batch_sampler, "drop_last", loader.drop_last)
     sampler = BatchShard(source, num_processes, process_index, split, even, size, drop_last)

@@ -205,12 +205,18 @@ class WithReal:
 
 
 class AgreedRandomSampler(RandomSampler):
-    """A RandomSampler whose permutation every process agrees on: with no generator, rank 0's seed (drawn from the
-    global RNG exactly as RandomSampler draws it, so one process shuffles as the plain sampler would); with the
-    user's generator, its state synchronised from rank 0 (what Accelerate's synchronize_rng_states does)."""
+    """A RandomSampler whose permutation every process agrees on, drawn as Accelerate draws it. With the user's
+    generator: its state synchronised from rank 0 at every pass (Accelerate's synchronize_rng_states). With none,
+    on several processes: a generator seeded once, here at prepare, from the global RNG (the draw RandomSampler
+    would make), then synchronised from rank 0 and continued pass after pass, as Accelerate's prepare_data_loader
+    does; on one process: a seed drawn from the global RNG at every pass, as the plain sampler does (Accelerate
+    leaves a one-process loader as it is)."""
 
-    def __init__(self, sampler: RandomSampler):
-        super().__init__(sampler.data_source, sampler.replacement, sampler._num_samples, sampler.generator)
+    def __init__(self, sampler: RandomSampler, num_processes: int = 1):
+        generator = sampler.generator
+        if generator is None and num_processes > 1:
+            generator = torch.Generator().manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
+        super().__init__(sampler.data_source, sampler.replacement, sampler._num_samples, generator)
 
     def __iter__(self) -> Iterator[int]:
         generator = self.generator
@@ -226,7 +232,7 @@ class SeededRandomSampler(AgreedRandomSampler):
     """`use_seedable_sampler`: each pass shuffles with `seed + epoch`, the same on every process without asking."""
 
     def __init__(self, sampler: RandomSampler, seed: int | None):
-        super().__init__(sampler)
+        super().__init__(sampler)  # (its generator, if any, is reseeded every pass: no draw at prepare)
         self.seed = torch.initial_seed() if seed is None else seed
         self.epoch = 0
 
@@ -239,11 +245,11 @@ class SeededRandomSampler(AgreedRandomSampler):
         yield from RandomSampler(self.data_source, self.replacement, self._num_samples, generator)
 
 
-def with_agreed_shuffle(source, seedable: bool, data_seed: int | None):
+def with_agreed_shuffle(source, seedable: bool, data_seed: int | None, num_processes: int = 1):
     """`source` (a batch sampler, or a sampler of whole batches) with a plain RandomSampler inside it replaced by
     an agreeing one; copies, never edits, the user's objects. Custom samplers are kept as they are."""
     def agreeing(sampler):
-        return SeededRandomSampler(sampler, data_seed) if seedable else AgreedRandomSampler(sampler)
+        return SeededRandomSampler(sampler, data_seed) if seedable else AgreedRandomSampler(sampler, num_processes)
 
     if type(source) is RandomSampler:
         return agreeing(source)

@@ -409,10 +409,15 @@ def check(two_processes, name: str) -> list:
 
 @pytest.mark.parametrize("case", ["generator", "global_rng", "split", "custom_sampler"])
 def test_two_processes_at_b_match_one_process_at_2b(two_processes, case):
-    """The loader's own generator; the global RNG with each process seeded differently (rank 0's shuffle wins);
-    split_batches at the one-process batch; a sampler of the user's own whose generator is seeded differently on
-    each process (rank 0's state is given to all, as Accelerate does). Same global order every step of 2 epochs,
-    same parameters."""
+    """The loader's own generator; split_batches at the one-process batch; a sampler of the user's own whose
+    generator is seeded differently on each process (rank 0's state is given to all, as Accelerate does): the same
+    global order every step of 2 epochs, and the same parameters, as one process at twice the batch. The global
+    RNG with each process seeded differently: the same order and parameters as Accelerate's own Accelerator on
+    the same 2 processes (a generator seeded at prepare, rank 0's state leading each pass), and the global RNG
+    left where Accelerate leaves it."""
+    if case == "global_rng":
+        for result in check(two_processes, "reproduce"):
+            assert result["global_rng_after"]["runner"] == result["global_rng_after"]["accelerate"]
     for result in check(two_processes, "reproduce"):
         (plain_order, plain_params), (order, params) = result[case]["plain"], result[case]["two"]
         assert len(order) == 10 and order == plain_order
