@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 from collections import OrderedDict
 import logging
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,9 @@ class AcceleratorExtras:
         loaders = [loader.batch_shard for loader in self.prepared_loaders if loader.batch_shard is not None]
         kept = [loader.even_batches for loader in loaders]
         if even_batches is not None:
+            if len(loaders) < len(self.prepared_loaders):  # Accelerate's warning, word for word
+                warnings.warn("Overriding even_batches is only supported for map-style datasets, yet some "
+                              "dataloaders given were iterable")
             for loader in loaders:
                 loader.even_batches = even_batches
         try:

@@ -80,12 +80,22 @@ def test_fp32_matches_a_plain_loop_bitwise():
         assert torch.equal(expected, actual), name
 
 
-def test_fp32_one_cpu_prepare_returns_its_inputs():
-    """fp32 on one CPU process: prepare() returns the very objects it was given."""
+def test_fp32_one_cpu_prepare_returns_its_inputs_and_tracks_the_loader():
+    """fp32 on one CPU process: prepare() returns the very model and optimizer it was given; the loader is
+    followed by gradient_state as Accelerate's is (its batches the plain loader's, in order)."""
     model, loader = make_model(), DataLoader(make_data(), batch_size=32)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    prepared = Accelerator("cpu").prepare(model, optimizer, loader)
-    assert prepared[0] is model and prepared[1] is optimizer and prepared[2] is loader
+    accelerator = Accelerator("cpu")
+    prepared = accelerator.prepare(model, optimizer, loader)
+    assert prepared[0] is model and prepared[1] is optimizer
+    assert accelerator.gradient_state.active_dataloader is None
+    batches = []
+    for index, batch in enumerate(prepared[2]):
+        assert accelerator.gradient_state.active_dataloader is prepared[2]
+        assert accelerator.gradient_state.end_of_dataloader == (index == len(loader) - 1)
+        batches.append(batch)
+    assert accelerator.gradient_state.active_dataloader is None
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(batches, loader)) and len(batches) == len(loader)
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])

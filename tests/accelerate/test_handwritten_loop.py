@@ -43,10 +43,13 @@ def test_readme_loop_matches_a_plain_loop_bitwise():
 
 
 def test_fp32_prepare_on_cpu_returns_the_same_objects():
+    """The model, scheduler and optimizer themselves; the loader is wrapped (gradient_state follows it) and gives
+    the same batches."""
     model, optimizer, data = _setup()
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1)
     prepared = Accelerator("cpu").prepare(data, model, scheduler, optimizer)
-    assert prepared[0] is data and prepared[1] is model and prepared[2] is scheduler and prepared[3] is optimizer
+    assert prepared[1] is model and prepared[2] is scheduler and prepared[3] is optimizer
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(prepared[0], data)) and len(prepared[0]) == len(data)
 
 
 def test_the_same_loop_runs_under_fp16_with_a_scaler():
