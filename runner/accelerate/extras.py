@@ -7,9 +7,9 @@ experiment trackers (runner/accelerate/trackers.py), save_model (runner/checkpoi
 from __future__ import annotations
 
 import functools
-from collections import OrderedDict
 import logging
 import warnings
+from collections import OrderedDict
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any

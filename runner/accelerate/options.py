@@ -9,7 +9,7 @@ Each field means what Accelerate documents for it; where the runner differs, the
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import MISSING, asdict, dataclass, fields, is_dataclass
 from enum import Enum
 from typing import Any
 
@@ -171,8 +171,6 @@ def as_own(config: Any, own: type, argument: str) -> Any:
     refused, naming it. Never ignored. The runner's own objects, and None, pass through."""
     if config is None or isinstance(config, own) or not is_dataclass(config):
         return config
-    from dataclasses import MISSING, fields
-
     known = {item.name for item in fields(own)}
     unsupported = []
     for item in fields(config):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 from contextlib import nullcontext
+from types import MethodType
 
 import torch
 from torch import nn
@@ -171,14 +172,16 @@ def autocast_forward(model: nn.Module, autocast) -> None:
         return
     forward = model.forward
     model._original_forward = forward
+    # Bound to the model, as Accelerate binds its own: a deepcopy of the model (an EMA copy) then runs the copy's
+    # forward, not this one's.
+    function = getattr(forward, "__func__", None)
 
-    def forward_in_precision(*args, **kwargs):
+    def forward_in_precision(self, *args, **kwargs):
         with autocast():
-            outputs = forward(*args, **kwargs)
+            outputs = function(self, *args, **kwargs) if function is not None else forward(*args, **kwargs)
         return tree_map(lambda tensor: tensor.float() if tensor.dtype in LOW_PRECISION else tensor, outputs)
 
-    forward_in_precision.__wrapped__ = forward
-    model.forward = forward_in_precision
+    model.forward = MethodType(forward_in_precision, model)
 
 
 def plain_forward(model: nn.Module) -> None:

@@ -388,7 +388,7 @@ class Loop:
 
     def position(self) -> dict:
         """Where training stands, for a checkpoint's manifest: the state, and the epoch's progress in samples of the
-        global batch, which is what a run on another number of processes continues from (resume_position)."""
+        global batch, which is what a run on another number of processes continues from (load_state_dict)."""
         return {**asdict(self.state), "samples_in_epoch": self.state.batch_in_epoch * self.samples_per_micro_batch,
                 "global_batch": self.samples_per_micro_batch * self.accumulation}
 

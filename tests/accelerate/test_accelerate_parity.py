@@ -584,6 +584,17 @@ def test_prepare_autocasts_the_forward_as_accelerate_does():
     assert "_original_forward" not in model.__dict__ and torch.equal(model(inputs), reference(inputs))
 
 
+def test_a_copy_of_a_prepared_model_runs_its_own_forward():
+    """The autocast forward is bound to its model: a deepcopy (an EMA copy) computes with the copy's weights."""
+    model = Accelerator(cpu=True, mixed_precision="bf16").prepare(nn.Linear(4, 4))
+    copied = _copy_of(model)
+    with torch.no_grad():
+        copied.weight.zero_()
+        copied.bias.zero_()
+    inputs = torch.randn(2, 4)
+    assert torch.equal(copied(inputs), torch.zeros(2, 4)) and not torch.equal(model(inputs), torch.zeros(2, 4))
+
+
 def _copy_of(module: nn.Module) -> nn.Module:
     import copy
 
