@@ -77,3 +77,50 @@ def test_accelerates_test_distributed_data_loop_passes(tmp_path):
     for check in ("Test joining uneven inputs", "Test overriding even_batches raises a warning for iterable",
                   "Test DataLoader with sampler as an instance of `BatchSampler`"):
         assert check in result.stdout + result.stderr, check
+
+
+# test_script.py's main() runs these checks in turn. Only four of them build an Accelerator; the others call
+# Accelerate's own AcceleratorState, PartialState or prepare_data_loader, so they test Accelerate, not the runner,
+# whatever Accelerator the script imports. The four run here each on its own, their results printed, so that one
+# failing check does not hide the others.
+SCRIPT_CELLS = """
+import os, sys
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_script as s
+from runner import Accelerator
+
+accelerator = Accelerator()
+cells = {
+    "process_execution_check": s.process_execution_check,
+    "check_seedable_sampler": s.check_seedable_sampler,
+    "check_seedable_sampler_with_data_seed": s.check_seedable_sampler_with_data_seed,
+    "test_trigger": s.test_trigger,
+}
+for name, cell in cells.items():
+    try:
+        cell()
+        result = "PASS"
+    except BaseException as err:
+        result = f"FAIL {type(err).__name__}: {err}"
+    if accelerator.process_index == 0:
+        print(f"CELL {name}: {result}", flush=True)
+"""
+# test_script.py's checks that build an Accelerator but are left out, and why:
+SCRIPT_LEFT_OUT = {
+    "training_check": "sizes its data from AcceleratorState().num_processes, Accelerate's own singleton (1 here)",
+    "check_seedable_sampler_in_batch_sampler_shard": "inspects what accelerate.data_loader.prepare_data_loader made",
+    "test_reinstantiated_state": "resets Accelerate's AcceleratorState singleton",
+}
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_accelerates_test_script_cells_pass(tmp_path, processes):
+    """The checks of test_script.py that exercise the Accelerator: process execution and its decorators, the
+    seedable sampler (with and without data_seed), the breakpoint trigger."""
+    swapped("test_script.py", tmp_path)
+    harness = tmp_path / "cells.py"
+    harness.write_text(SCRIPT_CELLS, encoding="utf-8")
+    result = run(harness, processes)
+    cells = [line.split("CELL ", 1)[1] for line in (result.stdout + result.stderr).splitlines() if "CELL " in line]
+    assert len(cells) == 4, result.stdout[-3000:] + result.stderr[-3000:]
+    assert all(cell.endswith(": PASS") for cell in cells), cells
