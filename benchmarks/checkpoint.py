@@ -270,7 +270,8 @@ def start_moto(directory: Path):
                 server.kill()
                 raise RuntimeError(f"moto's server did not start; see {directory / 'moto.log'}") from None
             time.sleep(0.05)
-    boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="bench")
+    # A fresh session: boto3.client()'s default one keeps the credentials of its first use in this process.
+    boto3.session.Session().client("s3", region_name="us-east-1").create_bucket(Bucket="bench")
     return server, "s3://bench/checkpoint"
 
 

@@ -52,12 +52,12 @@ def s3(tmp_path_factory):
         assert server.poll() is None, log.read_text()
         setup = dict(endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="setup",
                      aws_secret_access_key="setup")
-        iam = boto3.client("iam", **setup)
+        iam = boto3.session.Session().client("iam", **setup)
         iam.create_user(UserName="runner")
         iam.put_user_policy(UserName="runner", PolicyName="all", PolicyDocument=json.dumps(
             {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
         key = iam.create_access_key(UserName="runner")["AccessKey"]
-        boto3.client("s3", **setup).create_bucket(Bucket=BUCKET)
+        boto3.session.Session().client("s3", **setup).create_bucket(Bucket=BUCKET)
         yield {"AWS_ACCESS_KEY_ID": key["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"],
                "AWS_ENDPOINT_URL": endpoint, "AWS_CONFIG_FILE": "/nonexistent",
                "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", "AWS_EC2_METADATA_DISABLED": "true"}
@@ -80,6 +80,16 @@ def _answers(endpoint: str) -> bool:
         return True
     except OSError:
         return False
+
+
+def client(service: str, aws: dict):
+    """A boto3 client with these credentials and endpoint. Not boto3.client(): its default session keeps the
+    credentials of its first use in this process, which another test may have made with other ones."""
+    import boto3
+
+    return boto3.session.Session().client(
+        service, region_name="us-east-1", endpoint_url=aws["AWS_ENDPOINT_URL"],
+        aws_access_key_id=aws["AWS_ACCESS_KEY_ID"], aws_secret_access_key=aws["AWS_SECRET_ACCESS_KEY"])
 
 
 @pytest.fixture
@@ -202,8 +212,6 @@ Storage(sys.argv[1]).upload(Path(sys.argv[2]))
 def test_an_upload_killed_midway_is_never_resumed_and_is_cleaned_up(aws, tmp_path, caplog):
     """kill -9 while a 128 MB checkpoint's weights are being uploaded in parts: its other objects are there, no
     manifest; it is not listed, resume=auto takes the previous one, and the next writer removes the leftovers."""
-    import boto3
-
     url = f"s3://{BUCKET}/killed"
     model, optimizer = trained_objects()
     save(checkpointer(tmp_path / "run", url), model, optimizer, 1)  # committed
@@ -214,10 +222,10 @@ def test_an_upload_killed_midway_is_never_resumed_and_is_cleaned_up(aws, tmp_pat
     sealed = tmp_path / "local" / "checkpoints" / "step_00000002"
     uploader = subprocess.Popen([sys.executable, "-c", UPLOAD, url, str(sealed)], cwd=ROOT,
                                 env={**os.environ, "PYTHONPATH": str(ROOT)})
-    client = boto3.client("s3")
+    uploads = client("s3", aws)
     try:
-        wait_for(lambda: client.list_multipart_uploads(Bucket=BUCKET).get("Uploads") or uploader.poll() is not None,
-                 "the weights' upload to be under way")
+        wait_for(lambda: uploads.list_multipart_uploads(Bucket=BUCKET).get("Uploads")
+                 or uploader.poll() is not None, "the weights' upload to be under way")
         assert uploader.poll() is None, "the upload ended before it could be killed"
         uploader.send_signal(signal.SIGKILL)
     finally:
@@ -234,8 +242,8 @@ def test_an_upload_killed_midway_is_never_resumed_and_is_cleaned_up(aws, tmp_pat
     checkpointer(tmp_path / "next", url)  # the next run on this prefix, before it writes anything
     assert "removed s3://ckpt/killed/checkpoints/step_00000002, left by an interrupted upload" in caplog.text
     assert not any(name.startswith("checkpoints/step_00000002") for name in objects("killed"))
-    for upload in client.list_multipart_uploads(Bucket=BUCKET).get("Uploads", []):  # S3 expires these by rule
-        client.abort_multipart_upload(Bucket=BUCKET, Key=upload["Key"], UploadId=upload["UploadId"])
+    for upload in uploads.list_multipart_uploads(Bucket=BUCKET).get("Uploads", []):  # S3 expires these by rule
+        uploads.abort_multipart_upload(Bucket=BUCKET, Key=upload["Key"], UploadId=upload["UploadId"])
 
 
 def test_bad_credential_or_missing_bucket_fails_before_training(aws, tmp_path, monkeypatch):
@@ -288,9 +296,7 @@ def test_a_run_resumes_exactly_on_a_machine_without_its_run_dir(aws, tmp_path):
 def test_an_upload_that_fails_during_training_names_the_storage(aws, tmp_path, monkeypatch):
     """A key revoked during the run: the next checkpoint's upload fails with one message naming the storage, and
     the checkpoint is complete on disk."""
-    import boto3
-
-    iam = boto3.client("iam", region_name="us-east-1")  # as the fixture's user, allowed everything
+    iam = client("iam", aws)  # as the fixture's user, allowed everything
     iam.create_user(UserName="revoked")
     iam.put_user_policy(UserName="revoked", PolicyName="all", PolicyDocument=json.dumps(
         {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
@@ -300,9 +306,7 @@ def test_an_upload_that_fails_during_training_names_the_storage(aws, tmp_path, m
     model, optimizer = trained_objects()
     saver = checkpointer(tmp_path, f"s3://{BUCKET}/revoked")
     save(saver, model, optimizer, 1)
-    boto3.client("iam", region_name="us-east-1", aws_access_key_id=aws["AWS_ACCESS_KEY_ID"],
-                 aws_secret_access_key=aws["AWS_SECRET_ACCESS_KEY"]).delete_access_key(
-        UserName="revoked", AccessKeyId=key["AccessKeyId"])
+    iam.delete_access_key(UserName="revoked", AccessKeyId=key["AccessKeyId"])
     with pytest.raises(CheckpointError, match=r"checkpoint: uploading step_00000002 to s3://ckpt/revoked/checkpoints "
                                               r"failed \(PermissionError: .*\); it was not committed there, and is "
                                               r"complete in .*resume=auto on this machine continues from it"):
