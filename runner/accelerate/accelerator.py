@@ -291,7 +291,7 @@ class Accelerator(AcceleratorExtras):
     def _prepare_dataloader(self, loader: torch.utils.data.DataLoader):
         """This process's share of the loader's batches (runner/accelerate/dataloader.py). Also on one CPU process,
         as Accelerate's DataLoaderShard: gradient_state (active_dataloader, end_of_dataloader) follows it, the
-        batches and the global RNG's draws stay the plain loader's, and it costs 0.1 us a batch (measured)."""
+        batches and the global RNG's draws stay the plain loader's."""
         config = self.dataloader_config
         prepared = PreparedDataLoader(loader, self.num_processes, self.process_index, config, self.shared,
                                       torch.device("cpu") if self.xla is not None else self.device)

@@ -490,19 +490,22 @@ def test_two_process_no_sync_trigger_unwrap_pickle_and_skip(two_processes):
     assert zero["skipped"] == [[4, 5], [8, 9]] and one["skipped"] == [[6, 7], [10, 11]]
 
 
+class Counter:
+    """An object of the user's own registered for checkpointing (state_dict/load_state_dict)."""
+
+    def __init__(self):
+        self.value = 0
+
+    def state_dict(self):
+        return {"value": self.value}
+
+    def load_state_dict(self, state):
+        self.value = state["value"]
+
+
 def test_save_state_names_prunes_and_keeps_objects(tmp_path):
     """save_state names its directories, keeps total_limit of them, and saves the registered objects."""
     from runner import ProjectConfiguration
-
-    class Counter:
-        def __init__(self):
-            self.value = 0
-
-        def state_dict(self):
-            return {"value": self.value}
-
-        def load_state_dict(self, state):
-            self.value = state["value"]
 
     with pytest.raises(ConfigError, match=r"save_state\(output_dir\): no directory given; pass one, or create the "
                                           r"Accelerator with project_config=ProjectConfiguration"):
@@ -720,16 +723,6 @@ def test_load_state_reads_a_directory_accelerate_wrote(tmp_path, safe_serializat
 
     import numpy as np
 
-    class Counter:
-        def __init__(self):
-            self.count = 0
-
-        def state_dict(self):
-            return {"count": self.count}
-
-        def load_state_dict(self, state):
-            self.count = state["count"]
-
     def objects(seed: int):
         torch.manual_seed(seed)
         models = [nn.Linear(3, 2), nn.Linear(2, 1)]
@@ -740,7 +733,7 @@ def test_load_state_reads_a_directory_accelerate_wrote(tmp_path, safe_serializat
     models, optimizer, scheduler = objects(0)
     first, second, optimizer, scheduler = theirs.prepare(*models, optimizer, scheduler)
     counter = Counter()
-    counter.count = 7
+    counter.value = 7
     theirs.register_for_checkpointing(counter)
     for _ in range(3):
         second(first(torch.randn(4, 3))).sum().backward()
@@ -762,7 +755,7 @@ def test_load_state_reads_a_directory_accelerate_wrote(tmp_path, safe_serializat
         assert all(torch.equal(a, b) for a, b in zip(mine.state_dict().values(), saved.state_dict().values()))
     saved_state, loaded_state = optimizer.state_dict()["state"], fresh_optimizer.state_dict()["state"]
     assert all(torch.equal(saved_state[key]["exp_avg"], loaded_state[key]["exp_avg"]) for key in saved_state)
-    assert fresh_scheduler.state_dict()["last_epoch"] == 3 and restored.count == 7
+    assert fresh_scheduler.state_dict()["last_epoch"] == 3 and restored.value == 7
     assert torch.equal(torch.get_rng_state(), expected_rng[0]) and random.getstate() == expected_rng[1]
     assert np.array_equal(np.random.get_state()[1], expected_rng[2])
 

@@ -117,7 +117,8 @@ SCRIPT_LEFT_OUT = {
 def test_accelerates_test_script_cells_pass(tmp_path, processes):
     """The checks of test_script.py that exercise the Accelerator: process execution and its decorators, the
     seedable sampler (with and without data_seed), the breakpoint trigger."""
-    swapped("test_script.py", tmp_path)
+    script = swapped("test_script.py", tmp_path).read_text(encoding="utf-8")
+    assert all(f"def {name}(" in script for name in SCRIPT_LEFT_OUT), "test_script.py changed: update SCRIPT_LEFT_OUT"
     harness = tmp_path / "cells.py"
     harness.write_text(SCRIPT_CELLS, encoding="utf-8")
     result = run(harness, processes)
