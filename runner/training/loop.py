@@ -16,7 +16,7 @@ import torch
 from runner.training.callbacks import Callbacks
 from runner.config import NonFinitePolicy, TrainerConfig
 from runner.distributed.dist import all_reduce_sum
-from runner.errors import NonFiniteLoss, Preempted
+from runner.errors import NonFiniteLoss, Preempted, ResumeRefused
 from runner.training.batch_plan import BatchPlan
 from runner.distributed.peak import Peak
 from runner.distributed.signals import NoStopSignals
@@ -402,6 +402,7 @@ class Loop:
             "loop": {
                 **asdict(self.state),
                 "accumulation": self.accumulation,
+                "steps_per_epoch": self.steps_per_epoch,
                 "per_device": self.samples_per_micro_batch // self.accelerator.num_processes,
                 "processes": self.accelerator.num_processes,
                 "window_micro_batches": self.window_micro_batches,
@@ -427,6 +428,15 @@ class Loop:
         def scale(micro_batches: int) -> int:
             return micro_batches * saved_per_micro_batch // self.samples_per_micro_batch
 
+        saved_steps = loop_state.get("steps_per_epoch", self.steps_per_epoch)
+        if saved_processes != self.accelerator.num_processes and saved_steps != self.steps_per_epoch:
+            raise ResumeRefused(
+                f"resume: the checkpoint's run took {saved_steps} optimizer steps per epoch on {saved_processes} "
+                f"process(es), and this run's split of the same global batch takes {self.steps_per_epoch}: the "
+                "epoch's rows are not a multiple of the global batch, and its last, partial batch is a smaller step "
+                "without accumulation but dropped by an accumulation cycle, so the steps and the schedule would not "
+                f"be the uninterrupted run's. Resume with hardware.num_processes={saved_processes}, or with the "
+                "accumulation the checkpoint's run used (trainer.micro_batch_size)")
         self.state = TrainState(loop_state["step"], loop_state["epoch"], scale(loop_state["batch_in_epoch"]))
         # Each rank's sum of micro-batch losses (this_rank: the writers' mean when the count changed): scaled so
         # that the window's logged mean stays the one an uninterrupted run logs.

@@ -94,3 +94,15 @@ def test_another_global_batch_is_refused_before_training(two, tmp_path):
     assert ("was written with a global batch of 16 samples per optimizer step on 2 process(es); this run has 1 and a "
             "global batch of 8") in result.output and "trainer.batch_size=16" in result.output
     assert not (tmp_path / "other" / "checkpoints").exists()  # nothing trained or written
+
+
+def test_another_number_of_steps_per_epoch_is_refused(two, tmp_path):
+    """The checkpoint's run took 16 steps an epoch on 2 processes; with 264 rows one process takes 17 (the last,
+    partial one smaller), so the steps and the schedule could not be the uninterrupted run's: refused, named."""
+    path, _ = checkpoint_at(two, 21)
+    result = run_cli_with(*RUN, "data.num_train=264", f"resume={path}", "hydra.run.dir=other", cwd=tmp_path,
+                          env=HELPERS_ENV)
+    assert result.returncode == 1
+    assert ("the checkpoint's run took 16 optimizer steps per epoch on 2 process(es), and this run's split of the "
+            "same global batch takes 17") in result.output and "Resume with hardware.num_processes=2" in result.output
+    assert "Traceback" not in result.output
