@@ -27,10 +27,10 @@ TINY = ("data.num_train=256", "data.num_validation=64", "trainer.batch_size=32",
 # does, so a slow file handed out last would leave the other worker idle for minutes. xdist's own order (most tests
 # first) is switched off in pyproject.toml (--no-loadscope-reorder) so that this one holds; every other file follows
 # in collection order.
-SLOW_FILES = ("test_multiprocess_cli.py", "test_resume.py", "test_benchmarks.py", "test_recipe_matrix.py",
-              "test_docs.py", "test_stop_in_eval.py", "test_faults.py", "test_sweep.py", "test_launch_script.py",
-              "test_parallel.py", "test_run_end.py", "test_cli.py", "test_accelerator.py", "test_bad_input.py",
-              "test_packaging.py")
+SLOW_FILES = ("test_multiprocess_cli.py", "test_nlp_examples.py", "test_resume.py", "test_benchmarks.py",
+              "test_recipe_matrix.py", "test_docs.py", "test_stop_in_eval.py", "test_faults.py", "test_sweep.py",
+              "test_launch_script.py", "test_parallel.py", "test_run_end.py", "test_cli.py", "test_accelerator.py",
+              "test_bad_input.py", "test_packaging.py")
 
 
 def pytest_collection_modifyitems(config, items):
