@@ -150,15 +150,15 @@ class AcceleratorExtras:
         return _run_if(function, lambda: self.process_index == process_index)
 
     def register_for_checkpointing(self, *objects: Any) -> None:
-        """Objects with state_dict()/load_state_dict() to keep with the prepared ones (self.custom_objects)."""
-        bad = [type(obj).__name__ for obj in objects
+        """Objects with state_dict()/load_state_dict() to keep with the prepared ones (self.custom_objects). Others
+        raise ValueError naming each by its index, as Accelerate's does."""
+        bad = [f"Item at index {index} ({type(obj).__name__})" for index, obj in enumerate(objects)
                if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"))]
         if bad:
-            from runner.errors import ConfigError, Problem
-
-            raise ConfigError(Problem("register_for_checkpointing(objects)", (
-                f"got {bad} without state_dict() and load_state_dict(); register objects that have both "
-                "(models, optimizers, schedulers, or your own class with the two methods)")))
+            verb = "has" if len(bad) == 1 else "have"
+            raise ValueError(f"register_for_checkpointing(): {', '.join(bad)} {verb} no state_dict() and "
+                             "load_state_dict(); register objects that have both (models, optimizers, schedulers, "
+                             "or your own class with the two methods)")
         self.custom_objects.extend(objects)
 
     @property
@@ -265,9 +265,16 @@ class AcceleratorExtras:
         sharded state may be loaded on another number of processes. No directory: the newest automatically named
         one under the project_config's project_dir. A directory Accelerate's own save_state wrote is read too, as
         plain data (runner/accelerate/accelerate_dir.py). `load_kwargs` and `load_model_func_kwargs` are Accelerate's
-        arguments for torch.load and its model reader: refused if given (the state is read with weights_only)."""
+        arguments for torch.load and its model reader: refused if given (the state is read with weights_only).
+        `map_location` (None, "cpu" or "on_device", as in Accelerate) is accepted and changes nothing: the state is
+        read to the CPU and each optimizer's load_state_dict moves it to its parameters' device, which is where
+        Accelerate's optimizer state ends up too."""
         from runner.accelerate import saved_state
 
+        map_location = load_model_func_kwargs.pop("map_location", None)
+        if map_location not in (None, "cpu", "on_device"):
+            raise TypeError(f"Unsupported optimizer map location passed, please choose one of `None`, `'cpu'`, or "
+                            f"`'on_device'`. Got `{map_location}`.")
         if load_kwargs or load_model_func_kwargs:
             raise TypeError(f"load_state() got {sorted({**(load_kwargs or {}), **load_model_func_kwargs})}: "
                             "runner.Accelerator reads the state itself (safetensors, and torch.load with "

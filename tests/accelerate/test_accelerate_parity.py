@@ -353,9 +353,10 @@ def test_trigger_register_and_free_memory_work():
     model = accelerator.prepare(nn.Linear(1, 1))
     accelerator.register_for_checkpointing(torch.optim.lr_scheduler.StepLR(
         torch.optim.SGD(model.parameters(), lr=1.0), 1))
-    with pytest.raises(ConfigError) as error:
-        accelerator.register_for_checkpointing(object())
-    assert "register_for_checkpointing(objects)" in str(error.value) and "['object']" in str(error.value)
+    with pytest.raises(ValueError) as error:  # Accelerate's type, and its "Item at index" for each one refused
+        accelerator.register_for_checkpointing(model, object(), torch.zeros(1))
+    assert "Item at index 1 (object), Item at index 2 (Tensor) have no state_dict()" in str(error.value)
+    assert "Item at index 0" not in str(error.value)
     assert accelerator.free_memory(model) == [None]
     assert accelerator._models == [] and accelerator.custom_objects == []
 
@@ -686,7 +687,7 @@ def test_custom_trackers_are_called_as_accelerate_calls_them(tmp_path):
 def test_save_and_load_state_hooks_and_keywords(tmp_path, caplog):
     """register_save_state_pre_hook/register_load_state_pre_hook as in Accelerate (a model the hook takes out is
     saved and loaded by the hook), save_state(safe_serialization=False) still writes safetensors (said once),
-    reader arguments are refused."""
+    reader arguments are refused, Accelerate's map_location values accepted."""
     caplog.set_level("INFO")
     accelerator = Accelerator(cpu=True)
     first, second = accelerator.prepare(nn.Linear(2, 2), nn.Linear(3, 3))
@@ -712,6 +713,10 @@ def test_save_and_load_state_hooks_and_keywords(tmp_path, caplog):
     assert loaded == [str(tmp_path / "state")] and torch.equal(first.weight, before)
     with pytest.raises(TypeError, match=r"load_state\(\) got \['map_location'\]"):
         accelerator.load_state(tmp_path / "state", load_kwargs={"map_location": "cpu"})
+    for map_location in ("cpu", "on_device"):  # Accelerate's two: the state lands with its parameters either way
+        accelerator.load_state(tmp_path / "state", map_location=map_location)
+    with pytest.raises(TypeError, match="Unsupported optimizer map location passed.*Got `cuda:3`"):
+        accelerator.load_state(tmp_path / "state", map_location="cuda:3")
 
 
 @pytest.mark.parametrize("safe_serialization", [True, False], ids=["safetensors", "bin"])
