@@ -91,14 +91,14 @@ def reproduces_one_process_at_twice_the_batch() -> dict:
     return out
 
 
-def _accelerate():
+def _accelerate(**kwargs):
     """HuggingFace Accelerate's own Accelerator in this process group (the test extra installs it)."""
     import accelerate
     from accelerate.state import AcceleratorState, GradientState
 
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
-    return accelerate.Accelerator(cpu=True)
+    return accelerate.Accelerator(cpu=True, **kwargs)
 
 
 class Reversed(torch.utils.data.Sampler):
@@ -286,6 +286,54 @@ def models_and_loaders() -> dict:
     }
 
 
+# dispatch_batches=True cases: (rows, batch_size, split_batches, drop_last, order), order "in order", "seeded"
+# (use_seedable_sampler, data_seed=5) or "shuffled" (the global RNG, seeded alike on both processes).
+DISPATCH_CASES = {
+    "whole": (11, 2, False, False, "in order"), "whole_drop_last": (11, 2, False, True, "in order"),
+    "split": (11, 4, True, False, "in order"), "split_drop_last": (11, 4, True, True, "in order"),
+    "seeded": (12, 3, False, False, "seeded"), "shuffled": (13, 2, False, False, "shuffled"),
+}
+
+
+def dispatched() -> dict:
+    """Each case read by Accelerate's DataLoaderDispatcher and by the runner's, on the same 2 processes: this
+    process's slices over 2 epochs, what gather_for_metrics returns, where end_of_dataloader is set, len(), and the
+    slices after skip_first_batches(loader, 1); batches of dicts too."""
+    import accelerate
+
+    out = {}
+    for name, (rows, batch_size, split, drop_last, order) in DISPATCH_CASES.items():
+        for library in ("accelerate", "runner"):
+            torch.manual_seed(7)
+            options = dict(dispatch_batches=True, split_batches=split, use_seedable_sampler=order == "seeded",
+                           data_seed=5 if order == "seeded" else None)
+            if library == "accelerate":
+                accelerator = _accelerate(dataloader_config=accelerate.DataLoaderConfiguration(**options))
+            else:
+                accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(**options))
+            dataset = TensorDataset(torch.arange(rows)) if name != "seeded" else [
+                {"index": index, "tenfold": 10 * index} for index in range(rows)]
+            loader = accelerator.prepare(DataLoader(dataset, batch_size=batch_size, drop_last=drop_last,
+                                                    shuffle=order != "in order"))
+            seen = {"len": len(loader), "slices": [], "gathered": [], "ends": []}
+            for _ in range(2):
+                for batch in loader:
+                    seen["slices"].append(_plain(batch))
+                    seen["ends"].append(loader.end_of_dataloader)
+                    seen["gathered"].append(_plain(accelerator.gather_for_metrics(batch)))
+            seen["skipped"] = [_plain(batch) for batch in accelerator.skip_first_batches(loader, 1)]
+            out.setdefault(name, {})[library] = seen
+    return out
+
+
+def _plain(batch):
+    if isinstance(batch, torch.Tensor):
+        return batch.tolist()
+    if isinstance(batch, dict):
+        return {key: _plain(value) for key, value in batch.items()}
+    return [_plain(value) for value in batch]
+
+
 CHECKS = {
     "reproduce": reproduces_one_process_at_twice_the_batch,
     "loaders": loaders_of_every_kind,
@@ -293,4 +341,5 @@ CHECKS = {
     "collectives": collectives,
     "joined": joined,
     "models": models_and_loaders,
+    "dispatched": dispatched,
 }

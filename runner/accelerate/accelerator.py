@@ -40,6 +40,7 @@ from runner.accelerate.precision import Precision, autocast_forward, plain_forwa
 from runner.accelerate import collectives
 from runner.accelerate.extras import AcceleratorExtras
 from runner.accelerate.dataloader import PreparedDataLoader
+from runner.accelerate.dispatch import DispatchedDataLoader
 from runner.accelerate.trackers import kinds as tracker_kinds
 from runner.accelerate.options import (
     DataLoaderConfiguration, DistributedType, GradientAccumulationPlugin, ProjectConfiguration, accumulation_steps,
@@ -292,9 +293,7 @@ class Accelerator(AcceleratorExtras):
         """This process's share of the loader's batches (runner/accelerate/dataloader.py). Also on one CPU process,
         as Accelerate's DataLoaderShard: gradient_state (active_dataloader, end_of_dataloader) follows it, the
         batches and the global RNG's draws stay the plain loader's."""
-        config = self.dataloader_config
-        prepared = PreparedDataLoader(loader, self.num_processes, self.process_index, config, self.shared,
-                                      torch.device("cpu") if self.xla is not None else self.device)
+        prepared = self._sharing(loader, torch.device("cpu") if self.xla is not None else self.device)
         self.prepared_loaders.append(prepared)
         return self.xla.loader(prepared, self.device) if self.xla is not None else prepared
 
@@ -315,9 +314,14 @@ class Accelerator(AcceleratorExtras):
         """A loader that passes over this process's first `num_batches` batches (to resume mid-epoch); use the
         original loader for the epochs after."""
         if not isinstance(dataloader, PreparedDataLoader):
-            dataloader = PreparedDataLoader(dataloader, self.num_processes, self.process_index,
-                                            self.dataloader_config, self.shared, self.device)
+            dataloader = self._sharing(dataloader, self.device)
         return dataloader.skipping(num_batches)
+
+    def _sharing(self, loader: torch.utils.data.DataLoader, device: torch.device) -> PreparedDataLoader:
+        """The loader re-made around this process's share: read on every process, or with dispatch_batches=True
+        read on the main process and sent (runner/accelerate/dispatch.py)."""
+        kind = DispatchedDataLoader if self.dataloader_config.dispatch_batches else PreparedDataLoader
+        return kind(loader, self.num_processes, self.process_index, self.dataloader_config, self.shared, device)
 
     def _on_device(self, batches):
         if self.xla is not None:

@@ -26,7 +26,7 @@ from runner.accelerate.sharding import (
 )
 
 
-def _loader_settings(loader: DataLoader) -> dict:
+def loader_settings(loader: DataLoader) -> dict:
     """The settings of `loader` that are not about sampling, to re-make it with."""
     settings = dict(num_workers=loader.num_workers, pin_memory=loader.pin_memory, timeout=loader.timeout,
                     worker_init_fn=loader.worker_init_fn, multiprocessing_context=loader.multiprocessing_context,
@@ -40,7 +40,7 @@ def _loader_settings(loader: DataLoader) -> dict:
 def shard(loader: DataLoader, num_processes: int, process_index: int, config) -> tuple[DataLoader, Any]:
     """`loader` re-made to draw this process's share of its batches, and the BatchShard doing it (None for an
     IterableDataset, whose batches carry their real counts through WithReal)."""
-    settings = _loader_settings(loader)
+    settings = loader_settings(loader)
     split, even = config.split_batches, config.even_batches
     if isinstance(loader.dataset, IterableDataset):
         batched = loader.batch_size is not None
@@ -128,7 +128,7 @@ class PreparedDataLoader:
         else:
             sampling = {"batch_sampler": skipped.batch_shard}
         skipped.loader = DataLoader(self.loader.dataset, collate_fn=self.loader.collate_fn, **sampling,
-                                    **_loader_settings(self.loader))
+                                    **loader_settings(self.loader))
         return skipped
 
     _skip_drawn = 0

@@ -27,9 +27,10 @@ class DataLoaderConfiguration:
     """False: each process draws whole batches of the loader's batch size (the global batch is N times it).
     True: each batch of the loader is split among the processes (its size must divide by N)."""
     dispatch_batches: bool | None = None
-    """Accelerate's True (only the main process iterates the loader and sends each process its part) is not
-    supported: every process iterates the loader and keeps its share (None and False both mean that, also for an
-    IterableDataset, where Accelerate's None means True: each process must be able to read the stream)."""
+    """True: only the main process iterates the loader and sends each process its part of every step
+    (runner/accelerate/dispatch.py, Accelerate's DataLoaderDispatcher). None and False: every process iterates the
+    loader and keeps its share, also for an IterableDataset, where Accelerate's None means True (the batches each
+    process gets are the same; only the completion of the last one differs)."""
     even_batches: bool = True
     """Repeat samples from the start so every process gets as many batches, of one size; gather_for_metrics
     drops the repeats. False: the last batches are uneven (see join_uneven_inputs)."""
@@ -43,12 +44,6 @@ class DataLoaderConfiguration:
     mid-epoch with skip_first_batches."""
 
     def __post_init__(self) -> None:
-        if self.dispatch_batches:
-            raise ConfigError(Problem("DataLoaderConfiguration.dispatch_batches", (
-                "True is not supported: runner.Accelerator never sends batches from the main process; every "
-                "process iterates the loader and keeps its share of each batch (what False does). Use "
-                "dispatch_batches=False or None; for a stream only the main process can read, read it there and "
-                "share it with accelerator.split_between_processes")))
         if self.use_stateful_dataloader:
             raise ConfigError(Problem("DataLoaderConfiguration.use_stateful_dataloader", (
                 "True is not supported: runner.Accelerator has no stateful DataLoader (torchdata) and save_state "

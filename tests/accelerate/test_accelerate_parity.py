@@ -186,16 +186,17 @@ def test_gather_for_metrics_of_objects_on_one_process():
 # -- constructor surface and bad input -------------------------------------------------------------------------------
 
 def test_unsupported_loader_options_are_refused():
-    """Unsupported DataLoaderConfiguration options are refused by name."""
-    with pytest.raises(ConfigError) as error:
-        DataLoaderConfiguration(dispatch_batches=True)
-    assert "DataLoaderConfiguration.dispatch_batches" in str(error.value) and "dispatch_batches=False" in str(
-        error.value)
+    """Unsupported DataLoaderConfiguration options are refused by name; a batch the main process cannot send
+    (dispatch_batches=True) is refused naming its type."""
     with pytest.raises(ConfigError) as error:
         DataLoaderConfiguration(use_stateful_dataloader=True)
     assert "DataLoaderConfiguration.use_stateful_dataloader" in str(error.value)
     assert "skip_first_batches" in str(error.value)
     assert DataLoaderConfiguration(dispatch_batches=False).dispatch_batches is False
+    dispatching = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(dispatch_batches=True))
+    words = dispatching.prepare(DataLoader(["a", "b"], batch_size=2))
+    with pytest.raises(TypeError, match=r"dispatch_batches=True\): a batch holds a str; .* Use dispatch_batches=False"):
+        next(iter(words))
 
 
 def test_unknown_trackers_and_handlers_are_refused():
@@ -442,6 +443,23 @@ def test_two_processes_agree_on_the_seedable_order(two_processes):
                                     for seed in (3, 4)]
 
 
+def test_dispatch_batches_reads_on_the_main_process_as_accelerate(two_processes):
+    """dispatch_batches=True: the main process reads each step and sends it; every process keeps the slice, the
+    gathered batches, end_of_dataloader, len() and skip_first_batches of Accelerate's DataLoaderDispatcher, whole
+    or split batches, with and without drop_last, in order or shuffled (seeded, or by the main process's RNG)."""
+    results = check(two_processes, "dispatched")
+    for rank, result in enumerate(results):
+        for case, seen in result.items():
+            assert seen["runner"] == seen["accelerate"], (rank, case)
+    # 11 rows in batches of 2, two a step: the last step (rows 8-10) completed with the pass's first row.
+    assert [result["whole"]["runner"]["slices"][:3] for result in results] == [[[[0, 1]], [[4, 5]], [[8, 9]]],
+                                                                               [[[2, 3]], [[6, 7]], [[10, 0]]]]
+    assert results[0]["whole"]["runner"]["gathered"][2] == [list(range(8, 11))]  # the repeat dropped
+    assert results[0]["whole"]["runner"]["ends"] == [False, False, True] * 2 and results[0]["whole"]["runner"][
+        "len"] == 3
+    assert results[1]["split_drop_last"]["runner"]["slices"] == [[[2, 3]], [[6, 7]]] * 2  # rows 8-10 dropped
+
+
 def test_gather_for_metrics_drops_the_repeats(two_processes):
     """gather_for_metrics drops the repeats of streams, keys and objects."""
     for result in check(two_processes, "loaders"):
@@ -637,8 +655,10 @@ def test_accelerates_own_config_objects_are_honoured_or_refused(tmp_path):
     assert accelerator.split_batches is True and accelerator.even_batches is False
     assert accelerator.gradient_accumulation_steps == 3 and accelerator.scaler.get_scale() == 1024.0
     assert accelerator.project_configuration.total_limit == 2 and accelerator.parallel.bucket_cap_mb == 5
-    with pytest.raises(ConfigError, match=r"DataLoaderConfiguration.dispatch_batches.*True is not supported"):
-        Accelerator("cpu", dataloader_config=accelerate.DataLoaderConfiguration(dispatch_batches=True))
+    dispatching = Accelerator("cpu", dataloader_config=accelerate.DataLoaderConfiguration(dispatch_batches=True))
+    assert dispatching.dataloader_config.dispatch_batches is True  # honoured: on one process, the plain batches
+    assert [batch.tolist() for batch in dispatching.prepare(DataLoader(range(5), batch_size=2))] == [[0, 1], [2, 3],
+                                                                                                      [4]]
     with pytest.raises(ConfigError, match=r"use_stateful_dataloader.*skip_first_batches"):
         Accelerator("cpu", dataloader_config=accelerate.DataLoaderConfiguration(use_stateful_dataloader=True))
     with pytest.raises(ConfigError, match=r"Accelerator\(project_config\): accelerate.utils.dataclasses."

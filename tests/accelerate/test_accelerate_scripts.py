@@ -1,5 +1,5 @@
-"""HuggingFace Accelerate's own test scripts (accelerate/test_utils/scripts, from the installed Accelerate) run with only
-`from accelerate... import Accelerator` swapped for `from runner import Accelerator`, on 1 and 2 CPU processes
+"""HuggingFace Accelerate's own test scripts (accelerate/test_utils/scripts, from the installed Accelerate) run with
+only `from accelerate... import Accelerator` swapped for `from runner import Accelerator`, on 1 and 2 CPU processes
 (`python -m runner.launch` starts the two, as `accelerate launch` would). Each must exit 0 having run its checks.
 
 A check the runner leaves out by design is replaced by `pass` here and listed in LEFT_OUT with why (the docs'
@@ -34,6 +34,10 @@ LEFT_OUT = {
             "use_stateful_dataloader=True (torchdata) is refused: resume mid-epoch with skip_first_batches",
         "    test_stateful_dataloader_save_state(accelerator)": "(the same)",
     },
+    "external_deps/test_metrics.py": {
+        "import evaluate": "the `evaluate` package is not a dependency; the cells that use it (test_mrpc) run only "
+                           "on a GPU in the script's main()",
+    },
 }
 
 
@@ -47,7 +51,7 @@ def swapped(script: str, directory: Path) -> Path:
     for line, why in LEFT_OUT.get(script, {}).items():
         assert f"\n{line}\n" in text, f"{script} no longer has {line.strip()!r}: update LEFT_OUT"
         text = text.replace(f"\n{line}\n", f"\n{line[:len(line) - len(line.lstrip())]}pass  # left out: {why}\n")
-    path = directory / script
+    path = directory / Path(script).name
     path.write_text(text, encoding="utf-8")
     return path
 
@@ -124,4 +128,47 @@ def test_accelerates_test_script_cells_pass(tmp_path, processes):
     result = run(harness, processes)
     cells = [line.split("CELL ", 1)[1] for line in (result.stdout + result.stderr).splitlines() if "CELL " in line]
     assert len(cells) == 4, result.stdout[-3000:] + result.stderr[-3000:]
+    assert all(cell.endswith(": PASS") for cell in cells), cells
+
+
+# external_deps/test_metrics.py's main() on a CPU: test_torch_metrics for each split_batches and dispatch_batches
+# (99 samples), again with 512 (the last batch not dropped when it divides evenly), and
+# test_gather_for_metrics_drop_last; each built on its own Accelerator, as main() builds them. (main() leaves out
+# test_mrpc and the iterable-dataset cells on a CPU: it runs them only on a GPU, and test_mrpc needs `evaluate`.)
+METRICS_CELLS = """
+import os, sys
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_metrics as m
+from runner import Accelerator, DataLoaderConfiguration
+
+def torch_metrics(split_batches, dispatch_batches, length):
+    config = DataLoaderConfiguration(split_batches=split_batches, dispatch_batches=dispatch_batches)
+    return lambda: m.test_torch_metrics(Accelerator(dataloader_config=config), length)
+
+cells = {f"test_torch_metrics split_batches={split} dispatch_batches={dispatch} length=99":
+         torch_metrics(split, dispatch, 99) for split in (True, False) for dispatch in (True, False)}
+cells["test_torch_metrics length=512"] = torch_metrics(False, False, 512)
+cells["test_gather_for_metrics_drop_last"] = m.test_gather_for_metrics_drop_last
+for name, cell in cells.items():
+    try:
+        cell()
+        result = "PASS"
+    except BaseException as err:
+        result = f"FAIL {type(err).__name__}: {err}"
+    if Accelerator().process_index == 0:
+        print(f"CELL {name}: {result}", flush=True)
+"""
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_accelerates_test_metrics_cells_pass(tmp_path, processes):
+    """gather_for_metrics drops the samples that made the shards even (99 of 99 gathered, 512 of 512), with and
+    without split_batches, each process reading its shard or the main process dispatching the batches, and a
+    drop_last loader gathers whole batches."""
+    swapped("external_deps/test_metrics.py", tmp_path)
+    harness = tmp_path / "cells.py"
+    harness.write_text(METRICS_CELLS, encoding="utf-8")
+    result = run(harness, processes)
+    cells = [line.split("CELL ", 1)[1] for line in (result.stdout + result.stderr).splitlines() if "CELL " in line]
+    assert len(cells) == 6, result.stdout[-3000:] + result.stderr[-3000:]
     assert all(cell.endswith(": PASS") for cell in cells), cells
