@@ -73,6 +73,48 @@ def test_accelerates_test_sync_passes(tmp_path, processes):
     assert ran in result.stdout and "gradient accumulation with optimizer and scheduler" in result.stdout
 
 
+# test_sync.py's main() checks gradient accumulation for each split_batches, dispatch_batches and sync_each_batch
+# (with and without an optimizer and scheduler) on multi-GPU only. They run here on 2 CPU processes, each on its
+# own. (Accelerate's own Accelerator fails 4 of them on a CPU: measured with torch 2.13 and Accelerate 1.16.)
+SYNC_CELLS = """
+import os, sys
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_sync as s
+from runner import Accelerator
+
+accelerator = Accelerator()
+cells = {}
+for split in (True, False):
+    for dispatch in (True, False):
+        for each in (True, False):
+            options = f"split_batches={split} dispatch_batches={dispatch} sync_each_batch={each}"
+            cells[f"test_gradient_accumulation {options}"] = (s.test_gradient_accumulation, split, dispatch, each)
+            if split or dispatch or each:  # (main() runs the all-False one on every device)
+                cells[f"test_gradient_accumulation_with_opt_and_scheduler {options}"] = (
+                    s.test_gradient_accumulation_with_opt_and_scheduler, split, dispatch, each)
+for name, (cell, *options) in cells.items():
+    try:
+        cell(*options)
+        result = "PASS"
+    except BaseException as err:
+        result = f"FAIL {type(err).__name__}: {err}"
+    if accelerator.process_index == 0:
+        print(f"CELL {name}: {result}", flush=True)
+"""
+
+
+def test_accelerates_multi_gpu_accumulation_cells_pass_on_cpus(tmp_path):
+    """accumulate() syncs every num_steps batches and at the loader's end (or every batch with sync_each_batch),
+    whole or split batches, read by every process or dispatched from the main one."""
+    swapped("test_sync.py", tmp_path)
+    harness = tmp_path / "cells.py"
+    harness.write_text(SYNC_CELLS, encoding="utf-8")
+    result = run(harness, 2)
+    cells = [line.split("CELL ", 1)[1] for line in (result.stdout + result.stderr).splitlines() if "CELL " in line]
+    assert len(cells) == 15, result.stdout[-3000:] + result.stderr[-3000:]
+    assert all(cell.endswith(": PASS") for cell in cells), cells
+
+
 def test_accelerates_test_distributed_data_loop_passes(tmp_path):
     """even_batches, join_uneven_inputs and its overrides, and every DataLoader kind, on 2 processes (the script
     asserts it has 2)."""
@@ -168,6 +210,55 @@ def test_accelerates_test_metrics_cells_pass(tmp_path, processes):
     swapped("external_deps/test_metrics.py", tmp_path)
     harness = tmp_path / "cells.py"
     harness.write_text(METRICS_CELLS, encoding="utf-8")
+    result = run(harness, processes)
+    cells = [line.split("CELL ", 1)[1] for line in (result.stdout + result.stderr).splitlines() if "CELL " in line]
+    assert len(cells) == 6, result.stdout[-3000:] + result.stderr[-3000:]
+    assert all(cell.endswith(": PASS") for cell in cells), cells
+
+
+# test_ops.py checks Accelerate's free functions (accelerate.utils.operations) on Accelerate's PartialState. The
+# ones the Accelerator also offers as methods (gather, pad_across_processes, reduce) run here with the runner's
+# Accelerator as `state` and its methods in place of those functions; the checks themselves are unchanged.
+OPS_CELLS = """
+import os, sys
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_ops as ops
+from runner import Accelerator
+
+accelerator = Accelerator(cpu=True)
+ops.gather, ops.pad_across_processes, ops.reduce = (accelerator.gather, accelerator.pad_across_processes,
+                                                    accelerator.reduce)
+cells = {name: getattr(ops, name) for name in ("test_gather", "test_gather_non_contiguous",
+                                               "test_pad_across_processes", "test_reduce_sum", "test_reduce_mean",
+                                               "test_reduce_max")}
+for name, cell in cells.items():
+    try:
+        cell(accelerator)
+        result = "PASS"
+    except BaseException as err:
+        result = f"FAIL {type(err).__name__}: {err}"
+    if accelerator.process_index == 0:
+        print(f"CELL {name}: {result}", flush=True)
+"""
+# test_ops.py's checks left out, and why:
+OPS_LEFT_OUT = {
+    "test_broadcast, test_gather_object": "Accelerate's free functions, with no Accelerator method to stand for them",
+    "test_op_checker": "Accelerate's debug mode (ACCELERATE_DEBUG_MODE) checking shapes before a collective; the "
+                       "runner has no such mode",
+    "test_copy_tensor_to_devices": "runs on GPUs and XLA only",
+}
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_accelerates_test_ops_cells_pass(tmp_path, processes):
+    """gather (also of a non-contiguous tensor), pad_across_processes and reduce (sum, mean, max: checked on 2
+    processes, as the script checks them) through the runner's Accelerator."""
+    script = (SCRIPTS / "test_ops.py").read_text(encoding="utf-8")
+    assert all(f"def {name}(" in script for names in OPS_LEFT_OUT for name in names.split(", ")), \
+        "test_ops.py changed: update OPS_LEFT_OUT"
+    (tmp_path / "test_ops.py").write_text(script, encoding="utf-8")
+    harness = tmp_path / "cells.py"
+    harness.write_text(OPS_CELLS, encoding="utf-8")
     result = run(harness, processes)
     cells = [line.split("CELL ", 1)[1] for line in (result.stdout + result.stderr).splitlines() if "CELL " in line]
     assert len(cells) == 6, result.stdout[-3000:] + result.stderr[-3000:]
