@@ -1,5 +1,5 @@
-"""What 2 gloo processes run for tests/accelerate/test_accelerate_parity.py: every check in one launch (starting processes
-costs seconds), each returning plain values (or the error it raised) under its own name.
+"""What 2 gloo processes run for tests/accelerate/test_accelerate_parity.py: every check in one launch (starting
+processes costs seconds), each returning plain values (or the error it raised) under its own name.
 
 The 1-process references are computed inside each process without collectives: plain DataLoaders and models.
 """
@@ -292,13 +292,14 @@ DISPATCH_CASES = {
     "whole": (11, 2, False, False, "in order"), "whole_drop_last": (11, 2, False, True, "in order"),
     "split": (11, 4, True, False, "in order"), "split_drop_last": (11, 4, True, True, "in order"),
     "seeded": (12, 3, False, False, "seeded"), "shuffled": (13, 2, False, False, "shuffled"),
+    "stream": (11, 2, False, False, "in order"),
 }
 
 
 def dispatched() -> dict:
     """Each case read by Accelerate's DataLoaderDispatcher and by the runner's, on the same 2 processes: this
     process's slices over 2 epochs, what gather_for_metrics returns, where end_of_dataloader is set, len(), and the
-    slices after skip_first_batches(loader, 1); batches of dicts too."""
+    slices after skip_first_batches(loader, 1); batches of dicts, and a stream, too."""
     import accelerate
 
     out = {}
@@ -311,11 +312,11 @@ def dispatched() -> dict:
                 accelerator = _accelerate(dataloader_config=accelerate.DataLoaderConfiguration(**options))
             else:
                 accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(**options))
-            dataset = TensorDataset(torch.arange(rows)) if name != "seeded" else [
-                {"index": index, "tenfold": 10 * index} for index in range(rows)]
+            dataset = {"seeded": [{"index": index, "tenfold": 10 * index} for index in range(rows)],
+                       "stream": Stream()}.get(name, TensorDataset(torch.arange(rows)))  # (a stream of 11)
             loader = accelerator.prepare(DataLoader(dataset, batch_size=batch_size, drop_last=drop_last,
                                                     shuffle=order != "in order"))
-            seen = {"len": len(loader), "slices": [], "gathered": [], "ends": []}
+            seen = {"len": len(loader) if name != "stream" else None, "slices": [], "gathered": [], "ends": []}
             for _ in range(2):
                 for batch in loader:
                     seen["slices"].append(_plain(batch))

@@ -320,6 +320,10 @@ class Accelerator(AcceleratorExtras):
     def _sharing(self, loader: torch.utils.data.DataLoader, device: torch.device) -> PreparedDataLoader:
         """The loader re-made around this process's share: read on every process, or with dispatch_batches=True
         read on the main process and sent (runner/accelerate/dispatch.py)."""
+        if self.dataloader_config.dispatch_batches and self.xla is not None:
+            raise ConfigError(Problem("DataLoaderConfiguration.dispatch_batches", (
+                "True is not supported on XLA devices (nor is it in Accelerate): each process reads its share; use "
+                "dispatch_batches=False")))
         kind = DispatchedDataLoader if self.dataloader_config.dispatch_batches else PreparedDataLoader
         return kind(loader, self.num_processes, self.process_index, self.dataloader_config, self.shared, device)
 

@@ -20,7 +20,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, Iterator
 
-from torch.utils.data import DataLoader, RandomSampler, Sampler
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sampler
 import torch
 
 from runner.distributed import dist
@@ -64,7 +64,7 @@ class DispatchedDataLoader(PreparedDataLoader):
         slices of each process are passed over instead, also as in Accelerate."""
         skipped = type(self).__new__(type(self))
         skipped.__dict__.update(self.__dict__)
-        if self.loader.batch_sampler is None:
+        if self.loader.batch_sampler is None or isinstance(self.loader.dataset, IterableDataset):
             skipped._skip_drawn = num_batches
         else:
             skipped.loader = DataLoader(self.loader.dataset, batch_sampler=SkipBatches(self.loader.batch_sampler,

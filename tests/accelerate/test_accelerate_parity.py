@@ -197,6 +197,9 @@ def test_unsupported_loader_options_are_refused():
     words = dispatching.prepare(DataLoader(["a", "b"], batch_size=2))
     with pytest.raises(TypeError, match=r"dispatch_batches=True\): a batch holds a str; .* Use dispatch_batches=False"):
         next(iter(words))
+    dispatching.xla = object()  # what an XLA device sets; the refusal comes before anything uses it
+    with pytest.raises(ConfigError, match=r"dispatch_batches: True is not supported on XLA devices"):
+        dispatching.prepare(DataLoader(range(4)))
 
 
 def test_unknown_trackers_and_handlers_are_refused():
