@@ -8,9 +8,10 @@ not divide by the number of processes is completed, unless the loader drops its 
 `num_processes` rows of the pass (b one more): gather_for_metrics drops those again, each process's `real_samples`
 saying how many of its rows are the step's own. A loader that drops its last batch drops a short last step.
 
-The batch travels as one broadcast object (pickled by torch.distributed from the main process to the others in
-the same job): simpler than Accelerate's tensor-by-tensor broadcast and as fast for the small batches a single
-reader can feed; a batch is a tensor or any nesting of mappings, lists and tuples of tensors.
+The step travels as one broadcast object (torch.distributed pickles it on the main process and unpickles it on
+the others of the same job), where Accelerate broadcasts its structure and then each tensor: one collective a
+step to keep in step (its speed against Accelerate's is not measured). A batch is a tensor or any nesting of
+mappings, lists and tuples of tensors; anything else is refused naming its type.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ import math
 from collections.abc import Mapping
 from typing import Any, Iterator
 
-from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sampler
 import torch
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sampler
 
 from runner.distributed import dist
 from runner.accelerate.dataloader import PreparedDataLoader, loader_settings
