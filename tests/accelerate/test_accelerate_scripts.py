@@ -1,9 +1,12 @@
 """HuggingFace Accelerate's own test scripts (accelerate/test_utils/scripts, from the installed Accelerate) run with
 only `from accelerate... import Accelerator` swapped for `from runner import Accelerator`, on 1 and 2 CPU processes
-(`python -m runner.launch` starts the two, as `accelerate launch` would). Each must exit 0 having run its checks.
+(`python -m runner.launch` starts the two, as `accelerate launch` would). test_sync.py and
+test_distributed_data_loop.py run whole and must exit 0 having run their checks; the checks of test_script.py,
+external_deps/test_metrics.py, test_ops.py and test_sync.py's multi-GPU cells run one by one from a harness (CELLS).
 
-A check the runner leaves out by design is replaced by `pass` here and listed in LEFT_OUT with why (the docs'
-Accelerate table says the same): those reach into Accelerate's internals or need what the runner refuses.
+A check the runner leaves out by design is replaced by `pass` here and listed in LEFT_OUT, or left out of the
+harness and listed in CELLS_LEFT_OUT, with why (the docs' Accelerate table says the same): those reach into
+Accelerate's internals, need what the runner refuses, or run on GPUs only.
 """
 
 from __future__ import annotations
