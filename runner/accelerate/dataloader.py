@@ -71,12 +71,17 @@ class PreparedDataLoader:
     def __init__(self, loader: DataLoader, num_processes: int, process_index: int, config, shared,
                  device: torch.device):
         self.original = loader
-        self.loader, self.batch_shard = shard(loader, num_processes, process_index, config)
-        self.num_processes, self.split_batches = num_processes, config.split_batches
+        self.loader, self.batch_shard = self._share(loader, num_processes, process_index, config)
+        self.num_processes, self.process_index, self.split_batches = num_processes, process_index, config.split_batches
         self.shared, self.device, self.non_blocking = shared, device, config.non_blocking
         self.iteration = 0
         self.end_of_dataloader = False
         self.real_samples: int | None = None
+
+    @staticmethod
+    def _share(loader: DataLoader, num_processes: int, process_index: int, config) -> tuple[DataLoader, Any]:
+        """The loader this process iterates, and the BatchShard choosing its batches (None where there is none)."""
+        return shard(loader, num_processes, process_index, config)
 
     # Accelerate's DataLoaderShard exposes these
     @property

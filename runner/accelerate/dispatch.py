@@ -32,16 +32,16 @@ from runner.accelerate.sharding import SeededRandomSampler
 class DispatchedDataLoader(PreparedDataLoader):
     """This process's slice of each step the main process read and sent (see the module docstring)."""
 
-    def __init__(self, loader: DataLoader, num_processes: int, process_index: int, config, shared,
-                 device: torch.device):
-        self.original, self.batch_shard = loader, None
-        self.loader = _with_seeded_shuffle(loader, config.data_seed) if config.use_seedable_sampler else loader
-        self.num_processes, self.process_index, self.split_batches = num_processes, process_index, config.split_batches
-        self.drop_last = loader.drop_last
-        self.shared, self.device, self.non_blocking = shared, device, config.non_blocking
-        self.iteration = 0
-        self.end_of_dataloader = False
-        self.real_samples: int | None = None
+    @staticmethod
+    def _share(loader: DataLoader, num_processes: int, process_index: int, config) -> tuple[DataLoader, None]:
+        """Every process keeps the user's loader (the main process alone iterates it), its shuffle seeded from
+        data_seed + epoch with use_seedable_sampler."""
+        return (_with_seeded_shuffle(loader, config.data_seed) if config.use_seedable_sampler else loader), None
+
+    @property
+    def drop_last(self) -> bool:
+        """The user's loader's (a skipping copy iterates a loader re-made around a batch sampler)."""
+        return self.original.drop_last
 
     def __len__(self) -> int:
         whole = len(self.loader)
@@ -71,7 +71,6 @@ class DispatchedDataLoader(PreparedDataLoader):
             skipped.loader = DataLoader(self.loader.dataset, batch_sampler=SkipBatches(self.loader.batch_sampler,
                                                                                        num_batches),
                                         collate_fn=self.loader.collate_fn, **loader_settings(self.loader))
-            skipped.drop_last = self.drop_last
         return skipped
 
     def _steps(self) -> Iterator[Any]:
