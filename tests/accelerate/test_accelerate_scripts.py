@@ -134,8 +134,7 @@ for name in ("test_gather", "test_gather_non_contiguous", "test_pad_across_proce
 
 # test_sync.py: the gradient accumulation checks its main() runs on multi-GPU only, for each split_batches,
 # dispatch_batches and sync_each_batch, with and without optimizer and scheduler (main() runs the all-False one
-# with them on every device: test_accelerates_test_sync_passes). Accelerate's own Accelerator fails 4 of them on a
-# CPU (measured with torch 2.13 and Accelerate 1.16).
+# with them on every device: test_accelerates_test_sync_passes).
 if accelerator.num_processes == 2:
     import test_sync
     for split in (True, False):
