@@ -412,8 +412,13 @@ class Accelerator(AcceleratorExtras):
         return model
 
     def destroy_process_group(self, group=None) -> None:
-        """Accelerate's state.destroy_process_group(): leave the process group, if there is one."""
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
+        """Accelerate's state.destroy_process_group(): leave the process group, if there is one (the whole group:
+        the runner's own, which drains gloo's threads before the script goes on to exit)."""
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            return
+        if group is None:
+            distributed.destroy_process_group()
+        else:
             torch.distributed.destroy_process_group(group)
 
     @contextmanager

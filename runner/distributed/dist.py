@@ -265,17 +265,20 @@ def engine_disagreement(info: "DistInfo", engine: Engine) -> str | None:
 def init_process_group(info: DistInfo, backend: str | None, timeout_s: float = 1800) -> None:
     """Join the group once, on the backend the hardware names (gloo, nccl); a group that already exists is kept,
     as under torchrun. `timeout_s` bounds how long a collective waits for a peer that is gone or stuck."""
+    global _drained
     if info.is_distributed and not torch_dist.is_initialized():
         torch_dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+        _drained = False
 
 
 def join_group(backend: str | None) -> None:
     """Join the group when a launcher started this process as one of several (its variables say so) and nobody
-    has yet; the group made here is destroyed when the process exits."""
+    has yet; the group made here is destroyed when the process exits, and any gloo group drained (leave_at_exit)."""
     info = DistInfo.from_env()
-    if info.is_distributed and not torch_dist.is_initialized():
+    own = info.is_distributed and not torch_dist.is_initialized()
+    if own:
         init_process_group(info, backend)
-        atexit.register(destroy_process_group)
+    leave_at_exit(own)
 
 
 def peer_store(run_dir: str):
@@ -306,19 +309,45 @@ def new_cpu_group():
 GLOO_DRAIN_S = 0.2
 
 
+_drained = True  # no gloo work since the last drain: set by destroy_process_group, cleared by a new group
+_leaving = False  # leave_at_exit registered
+
+
 def destroy_process_group() -> None:
+    global _drained
     if torch_dist.is_initialized():
         gloo = torch_dist.get_backend() == "gloo"
         torch_dist.destroy_process_group()
         if gloo:
             time.sleep(GLOO_DRAIN_S)  # releases the GIL: the workers' last drop runs now, not in finalization
+            _drained = True
+
+
+def leave_at_exit(own: bool) -> None:
+    """At exit, before finalization: destroy the group if this process made it (`own`), and drain a gloo group's
+    threads even when the script destroyed the group itself. Accelerate's test_sync.py ends with
+    `state.destroy_process_group()` and exits: before this drain, 1 exit in 18 aborted at load 4 (the SIGABRT
+    above). Registered once per process; a group the script made and keeps is drained, not destroyed."""
+    global _leaving, _drained
+    if _leaving or not torch_dist.is_initialized():
+        return
+    _leaving, _drained = True, False
+    gloo = torch_dist.get_backend() == "gloo"
+
+    def leave() -> None:
+        if own and torch_dist.is_initialized():
+            destroy_process_group()
+        elif gloo and not _drained:
+            time.sleep(GLOO_DRAIN_S)
+
+    atexit.register(leave)
 
 
 def keep_process_group_until_exit() -> None:
     """Under torchrun every multirun job of a rank shares one group: re-creating it on the agent's store hangs (the
     store keeps the first group's keys, so a second init_process_group waits forever for ranks that already
     joined), so it is destroyed once, when the process exits."""
-    atexit.register(destroy_process_group)
+    leave_at_exit(own=True)
 
 
 def single_process() -> bool:

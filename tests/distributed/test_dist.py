@@ -4,8 +4,9 @@ and main-first ordering on 2 real gloo processes, and "each sample once per epoc
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
-import pytest
 import torch
 
 from runner.data.batches import TensorBatches
@@ -141,3 +142,48 @@ def test_torchrun_ranks_share_run_id_with_own_logs(monkeypatch):
     # torchrun leaves the literal "none" without --rdzv-id on a static rendezvous: the agent (our parent) decides.
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
     assert names.dir.startswith("torchrun-") and names.dir.endswith(f"-{os.getppid()}")
+
+
+
+EXIT_SCRIPT = '''
+import os, sys, time
+import torch
+import torch.distributed as torch_dist
+from runner.distributed import dist
+
+# Every drain announces itself, with whether the group was still there when it happened.
+time.sleep = lambda seconds: print(f"{made_by} {ending}: drained {seconds} group={torch_dist.is_initialized()}",
+                                   flush=True)
+import gc; gc.freeze()  # each case's exit skips collecting torch's million objects (runner/launch/shutdown.py)
+for made_by, ending in [case.split(",") for case in sys.argv[1:]]:
+    if os.fork() == 0:  # each case in a process of its own, which exits as a script does (atexit, finalization)
+        torch_dist.init_process_group("gloo", store=torch_dist.HashStore(), rank=0, world_size=1)
+        dist.leave_at_exit(own=made_by == "own")
+        dist.leave_at_exit(own=True)  # registered once: a second call (a worker's Accelerator's) adds nothing
+        torch_dist.all_reduce(torch.ones(1))
+        if ending == "script-destroys":
+            torch_dist.destroy_process_group()  # as Accelerate's test_sync.py does, then exits
+        elif ending == "runner-destroys":
+            dist.destroy_process_group()
+        print(f"{made_by} {ending}: exiting", flush=True)
+        sys.exit(0)
+    assert os.wait()[1] == 0
+'''
+
+
+def test_a_gloo_group_is_drained_before_the_interpreter_exits(tmp_path):
+    """gloo's threads drop their last work's tensors just after the waiter returns; when that happens during
+    finalization the process aborts (SIGABRT, "terminate called without an active exception"). Whoever destroyed
+    the group, the process sleeps GLOO_DRAIN_S once before it exits; a group the script keeps is not destroyed."""
+    script = tmp_path / "exit.py"
+    script.write_text(EXIT_SCRIPT)
+    cases = ["own,left", "own,script-destroys", "script,script-destroys", "script,left", "own,runner-destroys"]
+    done = subprocess.run([sys.executable, str(script), *cases], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "own left: exiting", "own left: drained 0.2 group=False",  # destroyed at exit, then drained
+        "own script-destroys: exiting", "own script-destroys: drained 0.2 group=False",
+        "script script-destroys: exiting", "script script-destroys: drained 0.2 group=False",
+        "script left: exiting", "script left: drained 0.2 group=True",  # kept: drained, not destroyed
+        "own runner-destroys: drained 0.2 group=False", "own runner-destroys: exiting",  # once, not again at exit
+    ], done.stdout
