@@ -7,6 +7,9 @@ A block is marked by an HTML comment on the line before its fence (mkdocs does n
     <!-- run: cfg -->            every `python -m runner` / `runner` run command only composes (`--cfg job` after
                                  it: the overrides exist and fit; a sweep, `-m`, runs with `debug=fast`); other
                                  lines run as written
+    <!-- run: cfg by=tests/x.py -->  a block whose commands tests/x.py runs for real (every `key=value` of them is
+                                 written there): each command only composes, a sweep or torchrun's too (a sweep as
+                                 its first job)
     <!-- run: setup=toy -->      a python block that continues `SETUPS["toy"]` (a model, an optimizer, data)
     <!-- run: setup=toy check=plain -->   ... and is then checked by `CHECKS["plain"]` (what the page says of it)
     <!-- skip: REASON -->        not run here; REASON is one of SKIP_REASONS
@@ -118,14 +121,37 @@ def test_every_python_and_bash_block_is_marked():
 RUN_COMMAND = re.compile(r"(python -m |torchrun .*-m )?runner(?!\.)(?! (plan|recipes|launch|machine|sample|env)\b)(?!.*--cfg\b)(\s|$)")
 
 
+def _first_job(line: str) -> str:
+    """`python -m runner` with the first job of the line's command: a sweep's first value of each swept key (Hydra's
+    own parser splits them), no `-m`; under torchrun, the command each of its processes runs."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    words = [word for word in line.split("runner", 1)[1].split() if word != "-m"]
+    first = []
+    for override in OverridesParser.create().parse_overrides(words):
+        value = next(override.sweep_string_iterator()) if override.is_sweep_override() else override.value()
+        first.append(f"{override.get_key_element()}={value}")
+    return " ".join(["python -m runner", *first])
+
+
+def _command_overrides(code: str) -> list[str]:
+    """Every `key=value` word of the block's run commands, as written (comments dropped)."""
+    lines = [re.sub(r"\s+#\s.*$", "", line) for line in re.sub(r"\\\n\s*", " ", code).splitlines()]
+    return [word for line in lines if RUN_COMMAND.match(line)
+            for word in line.split("runner", 1)[1].split() if "=" in word]
+
+
 def _shorten(code: str, mode: str) -> str:
     """After every run command (`python -m runner`, `runner` or `torchrun ... -m runner` with overrides; not a
     subcommand or --cfg):
-    `debug=fast` (mode fast, and a sweep's `-m` in mode cfg, where Hydra refuses --cfg) or `--cfg job`."""
+    `debug=fast` (mode fast, and a sweep's `-m` in mode cfg, where Hydra refuses --cfg) or `--cfg job`. In mode
+    "by" every run command is its first job (_first_job), followed by `--cfg job`."""
     out = []
     for line in re.sub(r"\\\n\s*", " ", code).splitlines():
         if RUN_COMMAND.match(line):
             line = re.sub(r"\s+#\s.*$", "", line)
+            if mode == "by":
+                line = _first_job(line)  # no -m left: composed with --cfg job below
             words = "debug=fast" if mode == "fast" or " -m " in line.split("runner", 1)[1] else "--cfg job"
             if words not in line:
                 line += " " + words
@@ -191,7 +217,11 @@ def test_block_runs(where, language, code, kind, option, tmp_path):
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     env["RUNNER_CONFIG_HOME"] = str(tmp_path / "config-home")  # runner.commands.machine writes there, not into ~/.config
     options = dict(word.partition("=")[::2] for word in option.split())
-    if "fast" in options or "cfg" in options:
+    if "by" in options:  # the named test runs these commands; here they compose
+        missing = [word for word in _command_overrides(code) if word not in (ROOT / options["by"]).read_text()]
+        assert not missing, f"{where}: {options['by']} does not run {missing}; run the block here instead"
+        code = _shorten(code, "by")
+    elif "fast" in options or "cfg" in options:
         code = _shorten(code, "fast" if "fast" in options else "cfg")
     recorded = tmp_path.parent / f"{tmp_path.name}-composed"
     if language == "python":

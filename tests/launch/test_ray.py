@@ -47,7 +47,7 @@ def test_a_killed_ray_worker_is_restarted_exactly(tmp_path):
     """Ray's workers train what multi_cpu trains: one run dir with each rank's log, the final metrics printed, and
     multi_cpu's weights bitwise, although rank 1 is killed (SIGKILL) mid-run: Ray restarts the worker group
     (max_restarts=1 is Ray's max_failures) and the restarted workers continue from the runner's newest checkpoint.
-    (One run checks both: a Ray run costs a cluster's start, and the docs' Ray example runs one uninterrupted.)"""
+    (One run checks both: a Ray run costs a cluster's start. The docs' Ray example only composes: this test runs it.)"""
     run = (*FAULTY, "trainer.max_steps=8", "checkpoint.every_n_steps=2")
     reference = _reference(tmp_path, *run, env=HELPERS_ENV)
     cwd, marker = tmp_path / "ray", tmp_path / "rank1_hangs"
