@@ -94,9 +94,43 @@ def run_dirs_under(cwd: Path) -> list[Path]:
                   if ".hydra" not in path.parts and (path.parent / ".hydra").is_dir())
 
 
+ZYGOTES: list = []  # cli_zygote.Zygote, one per environment the runs asked for (at most MAX_ZYGOTES)
+MAX_ZYGOTES = 3  # the tests' own environment, with tests/ on PYTHONPATH, and one more
+
+
+def _zygote_for(env: dict):
+    """A zygote serving this environment: the first one that does, or a new one while there are fewer than
+    MAX_ZYGOTES; None (run a process) when there is none or it cannot start."""
+    import cli_zygote
+
+    for zygote in ZYGOTES:
+        if zygote.serves(env):
+            return zygote
+    if len(ZYGOTES) >= MAX_ZYGOTES or os.environ.get("RUNNER_TEST_ZYGOTE") == "0":
+        return None
+    try:
+        ZYGOTES.append(cli_zygote.Zygote(env))
+    except OSError:
+        return None
+    return ZYGOTES[-1]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def close_zygotes():
+    yield
+    while ZYGOTES:
+        ZYGOTES.pop().close()
+
+
 def run_cli(*overrides: str, cwd: Path, env: dict | None = None, timeout: float = 600, args: tuple = ()) -> CliResult:
-    """`python -m runner OVERRIDES` in cwd, as a user would type it."""
+    """`python -m runner OVERRIDES` in cwd, as a user would type it: a process forked from a zygote that imported
+    torch, datasets and Hydra already (tests/cli_zygote.py), or, with Python flags (`args`) or when no zygote serves
+    the environment, a new interpreter. RUNNER_TEST_ZYGOTE=0 makes every run a new interpreter."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    zygote = None if args else _zygote_for(full_env)
+    ran = zygote.run(list(overrides), str(cwd), full_env, timeout) if zygote is not None else None
+    if ran is not None:
+        return CliResult(*ran, Path(cwd))
     proc = subprocess.run(
         [sys.executable, *args, "-m", "runner", *overrides],
         cwd=cwd,

@@ -3,13 +3,11 @@ resume=auto evaluates again and ends bitwise where an uninterrupted run ends, wi
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 
 import pytest
 
-from conftest import read_jsonl
+from conftest import CliResult, read_jsonl
+from conftest import run_cli as run_cli_with
 from resume_helpers import HELPERS_ENV, assert_same_run, run_cli
 
 # 256 rows / 16 per batch = 16 steps per epoch, 2 epochs = 32 steps; evaluations at steps 10, 20, 30 and the final
@@ -29,18 +27,22 @@ def reference(tmp_path_factory):
     return cwd / "run"
 
 
-def stopped_in_evaluation(cwd, evaluation: int) -> subprocess.CompletedProcess:
+def signalled(*overrides: str, cwd, batch: str) -> CliResult:
+    """The run, sent SIGTERM by dist_helpers.SignalDuringEvaluation in evaluation batch `batch` (counted over
+    the run; "N:R" signals rank R only)."""
+    return run_cli_with(*RUN, *overrides, "hydra.run.dir=run", cwd=cwd,
+                        env={**HELPERS_ENV, "RUNNER_TEST_SIGNAL_IN_EVAL": batch})
+
+
+def stopped_in_evaluation(cwd, evaluation: int) -> CliResult:
     """The run, signalled during the 2nd batch of its `evaluation`-th evaluation (seen before the 3rd)."""
-    env = {**os.environ, **HELPERS_ENV,
-           "RUNNER_TEST_SIGNAL_IN_EVAL": str((evaluation - 1) * BATCHES_PER_EVALUATION + 2)}
-    return subprocess.run([sys.executable, "-m", "runner", *RUN, "hydra.run.dir=run"], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return signalled(cwd=cwd, batch=str((evaluation - 1) * BATCHES_PER_EVALUATION + 2))
 
 
 @pytest.mark.parametrize("evaluation, step", [(1, 10), (4, 32)], ids=["scheduled-evaluation", "final-evaluation"])
 def test_stop_in_eval_saves_then_resumes_exactly(tmp_path, reference, evaluation, step):
     stopped = stopped_in_evaluation(tmp_path, evaluation)
-    output = stopped.stdout + stopped.stderr
+    output = stopped.output
     assert stopped.returncode == 75, output
     assert f"SIGTERM during the evaluation at step {step}: evaluation abandoned after 2 batch(es)" in output
     run_dir = tmp_path / "run"
@@ -66,10 +68,8 @@ def test_two_processes_stop_together_during_evaluation(tmp_path):
     reference_cwd.mkdir()
     result = run_cli(*RUN, *two, "hydra.run.dir=run", cwd=reference_cwd)
     assert result.returncode == 0, result.output
-    env = {**os.environ, **HELPERS_ENV, "RUNNER_TEST_SIGNAL_IN_EVAL": "2:1"}
-    stopped = subprocess.run([sys.executable, "-m", "runner", *RUN, *two, "hydra.run.dir=run"], cwd=tmp_path, env=env,
-                             capture_output=True, text=True, timeout=600)
-    output = stopped.stdout + stopped.stderr
+    stopped = signalled(*two, cwd=tmp_path, batch="2:1")
+    output = stopped.output
     assert stopped.returncode == 75, output
     assert "during the evaluation at step 10: evaluation abandoned after 3 batch(es)" in output
     resumed = run_cli(*RUN, *two, "hydra.run.dir=run", "resume=auto", cwd=tmp_path)
@@ -85,11 +85,9 @@ def test_stop_in_epoch_end_eval_resumes_exactly(tmp_path):
     reference_cwd.mkdir()
     result = run_cli(*RUN, by_epoch, "hydra.run.dir=run", cwd=reference_cwd)
     assert result.returncode == 0, result.output
-    env = {**os.environ, **HELPERS_ENV, "RUNNER_TEST_SIGNAL_IN_EVAL": "2"}
-    stopped = subprocess.run([sys.executable, "-m", "runner", *RUN, by_epoch, "hydra.run.dir=run"], cwd=tmp_path,
-                             env=env, capture_output=True, text=True, timeout=600)
-    assert stopped.returncode == 75, stopped.stdout + stopped.stderr
-    assert "SIGTERM during the evaluation at step 16" in stopped.stdout + stopped.stderr
+    stopped = signalled(by_epoch, cwd=tmp_path, batch="2")
+    assert stopped.returncode == 75, stopped.output
+    assert "SIGTERM during the evaluation at step 16" in stopped.output
     resumed = run_cli(*RUN, by_epoch, "hydra.run.dir=run", "resume=auto", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.output
     assert_same_run(tmp_path / "run", reference_cwd / "run")
