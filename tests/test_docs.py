@@ -5,11 +5,10 @@ A block is marked by an HTML comment on the line before its fence (mkdocs does n
     <!-- run -->                 run as written, in an empty folder (bash: `bash -e`; python: a fresh interpreter)
     <!-- run: fast -->           the same, with `debug=fast` after every `python -m runner` training command
     <!-- run: cfg -->            every `python -m runner` / `runner` run command only composes (`--cfg job` after
-                                 it: the overrides exist and fit; a sweep, `-m`, runs with `debug=fast`); other
-                                 lines run as written
+                                 it: the overrides exist and fit; a sweep, `-m`, as its first job: tests/sweep runs
+                                 sweeps); other lines run as written
     <!-- run: cfg by=tests/x.py -->  a block whose commands tests/x.py runs for real (every `key=value` of them is
-                                 written there): each command only composes, a sweep or torchrun's too (a sweep as
-                                 its first job)
+                                 written there): each command only composes, torchrun's too
     <!-- run: setup=toy -->      a python block that continues `SETUPS["toy"]` (a model, an optimizer, data)
     <!-- run: setup=toy check=plain -->   ... and is then checked by `CHECKS["plain"]` (what the page says of it)
     <!-- skip: REASON -->        not run here; REASON is one of SKIP_REASONS
@@ -25,6 +24,7 @@ import contextlib
 import io
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -126,11 +126,13 @@ def _first_job(line: str) -> str:
     own parser splits them), no `-m`; under torchrun, the command each of its processes runs."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    words = [word for word in line.split("runner", 1)[1].split() if word != "-m"]
-    first = []
-    for override in OverridesParser.create().parse_overrides(words):
-        value = next(override.sweep_string_iterator()) if override.is_sweep_override() else override.value()
-        first.append(f"{override.get_key_element()}={value}")
+    parser, first = OverridesParser.create(), []
+    for word in line.split("runner", 1)[1].split():
+        override = None if word == "-m" else parser.parse_override(word)
+        if override is not None and override.is_sweep_override():
+            word = shlex.quote(f"{override.get_key_element()}={next(override.sweep_string_iterator())}")
+        if override is not None:
+            first.append(word)  # as written, unless swept
     return " ".join(["python -m runner", *first])
 
 
@@ -144,15 +146,16 @@ def _command_overrides(code: str) -> list[str]:
 def _shorten(code: str, mode: str) -> str:
     """After every run command (`python -m runner`, `runner` or `torchrun ... -m runner` with overrides; not a
     subcommand or --cfg):
-    `debug=fast` (mode fast, and a sweep's `-m` in mode cfg, where Hydra refuses --cfg) or `--cfg job`. In mode
-    "by" every run command is its first job (_first_job), followed by `--cfg job`."""
+    `debug=fast` (mode fast) or `--cfg job` (mode cfg, a sweep's `-m` as its first job: Hydra refuses --cfg with
+    -m). In mode "by" torchrun's command too is its first job."""
     out = []
     for line in re.sub(r"\\\n\s*", " ", code).splitlines():
         if RUN_COMMAND.match(line):
             line = re.sub(r"\s+#\s.*$", "", line)
-            if mode == "by":
+            sweep = " -m " in f"{line.split('runner', 1)[1]} "
+            if mode == "by" or (mode == "cfg" and sweep and not line.startswith("torchrun")):
                 line = _first_job(line)  # no -m left: composed with --cfg job below
-            words = "debug=fast" if mode == "fast" or " -m " in line.split("runner", 1)[1] else "--cfg job"
+            words = "debug=fast" if mode == "fast" else "--cfg job"
             if words not in line:
                 line += " " + words
         out.append(line)
@@ -162,7 +165,7 @@ def _shorten(code: str, mode: str) -> str:
 # Prepended to a bash block in mode cfg: `python -m runner ... --cfg job` and `runner ... --cfg job` are not started
 # as processes (each would spend seconds importing torch and Hydra to print a config) but recorded, one file per
 # command holding its arguments as bash expanded them (NUL-separated), and composed after the block in this process
-# by runner.commands.cli.main, the function both commands call. Every other line (a sweep, `runner plan`, `python -m
+# by runner.commands.cli.main, the function both commands call. Every other line (`runner plan`, `python -m
 # runner.commands.env`, torchrun) runs as written.
 RECORD_COMPOSE = r'''
 _runner_compose_record() {
