@@ -45,8 +45,8 @@ def script(name: str, accelerator: str, directory: Path) -> Path:
 # destructor waits for a gloo thread that needs the GIL to free the last all_gather's tensors (torch's pybind
 # destructors that block, pytorch/pytorch#56297; seen here in 2 of 4 two-process resumed runs). That arm is the
 # reference, so a run of it that has written every record and not exited TEARDOWN_GRACE_S later is stopped and
-# its records used; the runner's arm must exit by itself.
-TEARDOWN_GRACE_S = 10
+# its records used (they are written last, after end_training, each file whole); the runner's arm must exit by itself.
+TEARDOWN_GRACE_S = 3
 
 
 def run(name: str, accelerator: str, processes: int, directory: Path, *args: str) -> dict:
