@@ -43,7 +43,13 @@ class Zygote:
         theirs.close()
         self.socket, self.lock = ours, threading.Lock()
         ours.settimeout(300)
-        if ours.recv(16) != b"ready":
+        try:
+            ready = ours.recv(16)
+        except OSError:
+            ready = b""
+        if ready != b"ready":
+            self.process.kill()
+            ours.close()
             raise OSError("the zygote did not start")
         ours.settimeout(None)
 
@@ -61,13 +67,20 @@ class Zygote:
             request = json.dumps({"argv": argv, "cwd": str(cwd), "env": env}).encode()
             try:
                 socket.send_fds(self.socket, [request], [out_write, err_write])
+                reply = self.socket.recv(MESSAGE)
+            except OSError:
+                reply = b""
             finally:
                 os.close(out_write), os.close(err_write)
-            pid = json.loads(self.socket.recv(MESSAGE))["pid"]
+            if not reply:  # the zygote is gone: this run and the next in a new interpreter (serves() says no)
+                os.close(out_read), os.close(err_read)
+                self.process.kill()
+                return None
+            pid = json.loads(reply)["pid"]
             outputs = [_Reader(out_read), _Reader(err_read)]
             self.socket.settimeout(timeout)
             try:
-                status = json.loads(self.socket.recv(MESSAGE))["status"]
+                reply = self.socket.recv(MESSAGE)
             except TimeoutError:
                 os.kill(pid, signal.SIGKILL)
                 self.socket.settimeout(None)
@@ -75,6 +88,9 @@ class Zygote:
                 raise subprocess.TimeoutExpired([sys.executable, "-m", "runner", *argv], timeout) from None
             finally:
                 self.socket.settimeout(None)
+            if not reply:
+                raise OSError(f"the zygote ended while its run (pid {pid}) was running")
+            status = json.loads(reply)["status"]
             stdout, stderr = (reader.text() for reader in outputs)
             return os.waitstatus_to_exitcode(status), stdout, stderr
         finally:

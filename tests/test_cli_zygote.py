@@ -77,3 +77,13 @@ def test_another_environment_is_not_served(zygote):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     assert zygote.serves({**env, "PYTEST_CURRENT_TEST": "another test", "RUNNER_TEST_ROWS": "rows"})  # read by runs
     assert not zygote.serves({**env, "HF_HUB_OFFLINE": "1"})  # read when datasets is imported
+
+
+def test_a_zygote_that_died_hands_its_runs_back(tmp_path):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    zygote = Zygote(env)
+    zygote.process.kill()
+    zygote.process.wait()
+    assert zygote.run(["nope=1"], str(tmp_path), env, timeout=300) is None  # conftest.run_cli then runs a process
+    assert not zygote.serves(env)
+    zygote.close()

@@ -3,7 +3,6 @@ resume=auto evaluates again and ends bitwise where an uninterrupted run ends, wi
 
 from __future__ import annotations
 
-
 import pytest
 
 from conftest import CliResult, read_jsonl
