@@ -1,12 +1,14 @@
 """`python -m runner` for the tests without paying torch's import in every process: a zygote.
 
-Two thirds of a small run's CPU time is importing torch, datasets and Hydra (3.8 s of CPU for `python -m runner
-debug=fast`, 2.5 s of it the imports, on an idle 2-core machine), and the suite is CPU-bound (95% of both cores busy
-for its whole run). The zygote is a Python that imports those once, then forks one child per run: the child points
-its stdin, stdout and stderr at the caller's pipes, moves to the run's folder and environment, and runs the runner
-exactly as `python -m runner ARGS` does (runpy, `__main__`, the folder first on sys.path), then exits as a process
-does: exit handlers, interpreter finalization, exit status or the signal that killed it. Only the imports came
-before the fork, and the runner's own modules are not among them (their module state stays per run).
+Two thirds of a small run's CPU time is importing torch, datasets and Hydra (`/usr/bin/time python -m runner
+debug=fast`: 3.8 s of CPU, 2.5 s of it `python -c "import runner.commands.cli, datasets"`, on an idle 2-core
+machine), and the suite is CPU-bound (both cores busy for its whole run). The standard library's forkserver preloads
+modules too, but its children end with os._exit: no exit handlers, no finalization, which is where a run's last
+writes and the gloo drain happen. The zygote is a Python that imports those once, then forks one child per run: the
+child points its stdin, stdout and stderr at the caller's pipes, moves to the run's folder and environment, and runs
+the runner exactly as `python -m runner ARGS` does (runpy, `__main__`, the folder first on sys.path), then exits as
+a process does: exit handlers, interpreter finalization, exit status or the signal that killed it. Only the imports
+came before the fork, and the runner's own modules are not among them (their module state stays per run).
 
 What a fork cannot show stays a real process (conftest.run_cli decides): a run with Python flags, an environment
 other than the zygote's (the libraries read some variables when imported), and everything started with Popen
