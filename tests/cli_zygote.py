@@ -73,9 +73,11 @@ class Zygote:
             except OSError:
                 reply = b""
             finally:
-                os.close(out_write), os.close(err_write)
+                for fd in (out_write, err_write):
+                    os.close(fd)
             if not reply:  # the zygote is gone: this run and the next in a new interpreter (serves() says no)
-                os.close(out_read), os.close(err_read)
+                for fd in (out_read, err_read):
+                    os.close(fd)
                 self.process.kill()
                 return None
             pid = json.loads(reply)["pid"]

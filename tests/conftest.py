@@ -122,11 +122,16 @@ def close_zygotes():
         ZYGOTES.pop().close()
 
 
+def cli_env(env: dict | None = None) -> dict:
+    """The environment a CLI run gets: this process's, unbuffered output, and `env` on top."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+
+
 def run_cli(*overrides: str, cwd: Path, env: dict | None = None, timeout: float = 600, args: tuple = ()) -> CliResult:
     """`python -m runner OVERRIDES` in cwd, as a user would type it: a process forked from a zygote that imported
     torch, datasets and Hydra already (tests/cli_zygote.py), or, with Python flags (`args`) or when no zygote serves
     the environment, a new interpreter. RUNNER_TEST_ZYGOTE=0 makes every run a new interpreter."""
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    full_env = cli_env(env)
     zygote = None if args else _zygote_for(full_env)
     ran = zygote.run(list(overrides), str(cwd), full_env, timeout) if zygote is not None else None
     if ran is not None:

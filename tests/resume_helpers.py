@@ -28,9 +28,10 @@ TIMING_KEYS = ("train/samples_per_s", "train/tokens_per_s", "train/flops_per_s",
 HELPERS_ENV = {"PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
 
 
-def run_cli(*overrides: str, cwd: Path, rows: Path | None = None):
-    """`rows`: a new folder where every rank records the rows it trains on (dist_helpers.HoldAfterCheckpoint)."""
-    env = dict(HELPERS_ENV)
+def run_cli(*overrides: str, cwd: Path, rows: Path | None = None, env: dict | None = None):
+    """`rows`: a new folder where every rank records the rows it trains on (dist_helpers.HoldAfterCheckpoint);
+    `env`: more variables for the run (tests/ is on its PYTHONPATH either way)."""
+    env = {**HELPERS_ENV, **(env or {})}
     if rows is not None:
         rows.mkdir(parents=True)
         env["RUNNER_TEST_ROWS"] = str(rows)

@@ -4,7 +4,6 @@ its timeout is killed, and an environment the zygote was not started in is left 
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -12,7 +11,7 @@ import sys
 import pytest
 
 from cli_zygote import Zygote
-from conftest import TINY, run_dirs_under
+from conftest import TINY, cli_env, run_dirs_under
 
 # The folder's own module, as `python -m runner` finds it (the working folder first on sys.path).
 MODEL = '''import torch
@@ -37,14 +36,14 @@ def _same_text(output: str, cwd) -> str:
 
 @pytest.fixture(scope="module")
 def zygote():
-    started = Zygote({**os.environ, "PYTHONUNBUFFERED": "1"})
+    started = Zygote(cli_env())
     yield started
     started.close()
 
 
 @pytest.mark.parametrize("overrides", [RUN, ("trainer.max_steps=2", "nope=1")], ids=["trains", "refused"])
 def test_a_forked_run_ends_as_a_new_interpreter_does(zygote, tmp_path, overrides):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = cli_env()
     ends = {}
     for how in ("warm-up", "zygote", "interpreter"):  # the warm-up's first uses (the datasets cache, the CPU peak)
         cwd = tmp_path / how
@@ -66,7 +65,7 @@ def test_a_forked_run_ends_as_a_new_interpreter_does(zygote, tmp_path, overrides
 
 
 def test_a_run_past_its_timeout_is_killed_and_the_next_runs(zygote, tmp_path):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = cli_env()
     with pytest.raises(subprocess.TimeoutExpired):
         zygote.run([*TINY, "trainer.max_epochs=50"], str(tmp_path), env, timeout=0.5)
     code, _, err = zygote.run(["nope=1"], str(tmp_path), env, timeout=300)
@@ -74,13 +73,13 @@ def test_a_run_past_its_timeout_is_killed_and_the_next_runs(zygote, tmp_path):
 
 
 def test_another_environment_is_not_served(zygote):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = cli_env()
     assert zygote.serves({**env, "PYTEST_CURRENT_TEST": "another test", "RUNNER_TEST_ROWS": "rows"})  # read by runs
     assert not zygote.serves({**env, "HF_HUB_OFFLINE": "1"})  # read when datasets is imported
 
 
 def test_a_zygote_that_died_hands_its_runs_back(tmp_path):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = cli_env()
     zygote = Zygote(env)
     zygote.process.kill()
     zygote.process.wait()

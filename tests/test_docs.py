@@ -121,13 +121,18 @@ def test_every_python_and_bash_block_is_marked():
 RUN_COMMAND = re.compile(r"(python -m |torchrun .*-m )?runner(?!\.)(?! (plan|recipes|launch|machine|sample|env)\b)(?!.*--cfg\b)(\s|$)")
 
 
+def _arguments(line: str) -> list[str]:
+    """The words after `runner` on a run command's line."""
+    return line.split("runner", 1)[1].split()
+
+
 def _first_job(line: str) -> str:
     """`python -m runner` with the first job of the line's command: a sweep's first value of each swept key (Hydra's
     own parser splits them), no `-m`; under torchrun, the command each of its processes runs."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser, first = OverridesParser.create(), []
-    for word in line.split("runner", 1)[1].split():
+    for word in _arguments(line):
         override = None if word == "-m" else parser.parse_override(word)
         if override is not None and override.is_sweep_override():
             word = shlex.quote(f"{override.get_key_element()}={next(override.sweep_string_iterator())}")
@@ -139,8 +144,7 @@ def _first_job(line: str) -> str:
 def _command_overrides(code: str) -> list[str]:
     """Every `key=value` word of the block's run commands, as written (comments dropped)."""
     lines = [re.sub(r"\s+#\s.*$", "", line) for line in re.sub(r"\\\n\s*", " ", code).splitlines()]
-    return [word for line in lines if RUN_COMMAND.match(line)
-            for word in line.split("runner", 1)[1].split() if "=" in word]
+    return [word for line in lines if RUN_COMMAND.match(line) for word in _arguments(line) if "=" in word]
 
 
 def _shorten(code: str, mode: str) -> str:
@@ -152,7 +156,7 @@ def _shorten(code: str, mode: str) -> str:
     for line in re.sub(r"\\\n\s*", " ", code).splitlines():
         if RUN_COMMAND.match(line):
             line = re.sub(r"\s+#\s.*$", "", line)
-            sweep = " -m " in f"{line.split('runner', 1)[1]} "
+            sweep = "-m" in _arguments(line)
             if mode == "by" or (mode == "cfg" and sweep and not line.startswith("torchrun")):
                 line = _first_job(line)  # no -m left: composed with --cfg job below
             words = "debug=fast" if mode == "fast" else "--cfg job"

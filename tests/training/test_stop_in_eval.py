@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import CliResult, read_jsonl
-from conftest import run_cli as run_cli_with
-from resume_helpers import HELPERS_ENV, assert_same_run, run_cli
+from resume_helpers import assert_same_run, run_cli
 
 # 256 rows / 16 per batch = 16 steps per epoch, 2 epochs = 32 steps; evaluations at steps 10, 20, 30 and the final
 # one at 32, each of 64 / 16 = 4 batches; a checkpoint every 3 steps (not at 10 or 32).
@@ -29,8 +28,7 @@ def reference(tmp_path_factory):
 def signalled(*overrides: str, cwd, batch: str) -> CliResult:
     """The run, sent SIGTERM by dist_helpers.SignalDuringEvaluation in evaluation batch `batch` (counted over
     the run; "N:R" signals rank R only)."""
-    return run_cli_with(*RUN, *overrides, "hydra.run.dir=run", cwd=cwd,
-                        env={**HELPERS_ENV, "RUNNER_TEST_SIGNAL_IN_EVAL": batch})
+    return run_cli(*RUN, *overrides, "hydra.run.dir=run", cwd=cwd, env={"RUNNER_TEST_SIGNAL_IN_EVAL": batch})
 
 
 def stopped_in_evaluation(cwd, evaluation: int) -> CliResult:
