@@ -222,6 +222,12 @@ def read_manifest(path: Path) -> dict | None:
     return manifest if isinstance(manifest, dict) and "files" in manifest and "step" in manifest else None
 
 
+def nonfinite_in(manifest: dict) -> str | None:
+    """Why a checkpoint is passed over for NaN or inf in its weights, from its manifest (see
+    runner.checkpoint.resume.nonfinite_reason), or None."""
+    return None if manifest.get("finite", True) else "its manifest says its weights hold NaN or inf"
+
+
 def damage(path: Path, check_hashes: bool = True) -> str | None:
     """Why the checkpoint at `path` cannot be trusted (no manifest, a file missing, truncated or altered), or None."""
     manifest = read_manifest(path)

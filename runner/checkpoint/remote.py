@@ -34,17 +34,35 @@ log = logging.getLogger(__name__)
 CHECKPOINTS, EXPORT = "checkpoints", "export"
 # Which package gives fsspec each protocol, for the message when it is missing (pip install runner-ml[s3] etc.).
 PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs"}
+# What `resume=<URL>` takes (runner/checkpoint/resume.py), for the messages.
+RESUME_FORMS = ("a checkpoint.dir URL (s3://bucket/prefix: its newest intact checkpoint), its checkpoints/ folder, "
+                "or one checkpoints/step_N in it")
+
+
+def split_resume_url(url: str) -> tuple[str, str | None]:
+    """`resume=<URL>` as (the checkpoint.dir URL it names, the checkpoint's name, or None for the newest one there):
+    s3://bucket/prefix, s3://bucket/prefix/checkpoints, or s3://bucket/prefix/checkpoints/step_N."""
+    parts = url.rstrip("/").split("/")
+    if parts[-1].startswith("step_"):
+        if len(parts) < 5 or parts[-2] != CHECKPOINTS:  # scheme:, "", bucket, ..., checkpoints, step_N
+            raise ConfigError("resume", f"is {url}, a step_N folder outside a {CHECKPOINTS}/ folder (where the "
+                                        f"runner commits checkpoints); give {RESUME_FORMS}")
+        return "/".join(parts[:-2]), parts[-1]
+    if parts[-1] == CHECKPOINTS and len(parts) >= 4:
+        return "/".join(parts[:-1]), None
+    return "/".join(parts), None
 
 
 class Storage:
     """One `checkpoint.dir` URL: its checkpoints/ and export/ folders, through fsspec."""
 
-    def __init__(self, url: str):
-        self.url = url.rstrip("/")
+    def __init__(self, url: str, key: str = "checkpoint.dir"):
+        """`key` is the setting the URL came from (checkpoint.dir, or resume for `resume=<URL>`), named in errors."""
+        self.url, self.key = url.rstrip("/"), key
+        valid = ("a URL (s3://bucket/prefix, gs://bucket/prefix, file:///shared/checkpoints), or null to keep "
+                 "checkpoints in <run dir>/checkpoints") if key == "checkpoint.dir" else RESUME_FORMS
         if "://" not in self.url:
-            raise ConfigError("checkpoint.dir", f"is {url}; give a URL (s3://bucket/prefix, gs://bucket/prefix, "
-                                                "file:///shared/checkpoints), or null to keep checkpoints in "
-                                                "<run dir>/checkpoints")
+            raise ConfigError(key, f"is {url}; give {valid}")
         protocol = self.url.split("://", 1)[0]
         try:
             from fsspec.core import url_to_fs
@@ -54,11 +72,10 @@ class Storage:
             self.fs, self.root = url_to_fs(self.url, skip_instance_cache=True)
         except ImportError as err:
             package = PACKAGES.get(protocol, f"the fsspec package for {protocol}://")
-            raise ConfigError("checkpoint.dir", f"is {url}, which needs {package}: pip install 'runner-ml[s3]' for "
-                                                f"S3, or pip install {package} ({err})") from None
+            raise ConfigError(key, f"is {url}, which needs {package}: pip install 'runner-ml[s3]' for S3, or pip "
+                                   f"install {package} ({err})") from None
         except ValueError as err:
-            raise ConfigError("checkpoint.dir", f"is {url}, which fsspec cannot open ({err}); give a URL such as "
-                                                "s3://bucket/prefix, or null for <run dir>") from None
+            raise ConfigError(key, f"is {url}, which fsspec cannot open ({err}); give {valid}") from None
 
     def __str__(self) -> str:
         return self.url
@@ -75,6 +92,14 @@ class Storage:
             self.fs.rm(probe)
         except Exception as err:  # noqa: BLE001 - every backend raises its own kinds; one message for all
             raise ConfigError("checkpoint.dir", _access_message(self.url, err)) from None
+
+    def check_readable(self) -> None:
+        """Before resuming from it: its checkpoints can be listed (a bad credential or a missing bucket fails here,
+        with one message naming the setting); reading is all `resume=<URL>` needs of it."""
+        try:
+            self.committed()
+        except Exception as err:  # noqa: BLE001 - every backend raises its own kinds; one message for all
+            raise ConfigError(self.key, _access_message(self.url, err, writing=False)) from None
 
     def committed(self, folder: str = CHECKPOINTS) -> list[tuple[str, dict]]:
         """(name, manifest) of every committed checkpoint, oldest step first (its files are verified on fetch)."""
@@ -142,29 +167,54 @@ class Storage:
 
     def fetch_newest(self, directory: Path, verify: bool = True) -> Path | None:
         """The newest committed checkpoint that verifies, downloaded into `directory` (kept when an intact copy is
-        there already); each damaged newer one is reported and passed over. None when the storage holds none."""
+        there already); each damaged newer one is reported and passed over, and so is one whose manifest says its
+        weights hold NaN or inf (as resume=auto does on disk). None when the storage holds none."""
         skipped = []
-        for name, _ in reversed(self.committed()):
-            local = directory / name
-            if local.is_dir() and files.damage(local, verify) is None:
-                return local
-            try:
-                self._download(name, directory)
-                reason = files.damage(local, verify)
-            except (OSError, ValueError) as err:  # an object deleted or unreadable since the commit
-                reason = f"it could not be downloaded ({type(err).__name__}: {first_line(err)})"
-            if reason is None:
-                if skipped:
-                    log.warning("resume: falling back to %s/%s/%s, the newest intact checkpoint there (skipped: %s)",
-                                self.url, CHECKPOINTS, name, "; ".join(skipped))
-                return local
-            log.warning("resume: checkpoint %s/%s/%s is damaged: %s", self.url, CHECKPOINTS, name, reason)
+        for name, manifest in reversed(self.committed()):
+            reason = files.nonfinite_in(manifest)
+            if reason is not None:
+                log.warning("resume: passing over checkpoint %s/%s/%s: %s", self.url, CHECKPOINTS, name, reason)
+            else:
+                reason = self._fetch(name, directory, verify)
+                if reason is None:
+                    if skipped:
+                        log.warning("resume: falling back to %s/%s/%s, the newest intact checkpoint there "
+                                    "(skipped: %s)", self.url, CHECKPOINTS, name, "; ".join(skipped))
+                    return directory / name
+                log.warning("resume: checkpoint %s/%s/%s is damaged: %s", self.url, CHECKPOINTS, name, reason)
             skipped.append(f"{name}: {reason}")
-            files.remove_checkpoint(local)
         if skipped:
             raise CheckpointError(f"resume: every checkpoint in {self.url}/{CHECKPOINTS} is damaged: "
                                   f"{'; '.join(skipped)}")
         return None
+
+    def fetch(self, name: str, directory: Path, verify: bool = True) -> Path:
+        """Exactly the committed checkpoint `name`, downloaded into `directory` and verified (an intact copy there
+        is kept); one that is not committed, is damaged or holds NaN or inf is refused, naming it."""
+        committed = dict(self.committed())
+        where = f"{self.url}/{CHECKPOINTS}/{name}"
+        if name not in committed:
+            listed = ", ".join(committed) or "none"
+            raise CheckpointError(f"resume: {where} is not a committed checkpoint (no {files.MANIFEST} there); "
+                                  f"committed in {self.url}/{CHECKPOINTS}: {listed}")
+        reason = files.nonfinite_in(committed[name]) or self._fetch(name, directory, verify)
+        if reason is not None:
+            raise CheckpointError(f"resume: cannot load {where}: {reason}")
+        return directory / name
+
+    def _fetch(self, name: str, directory: Path, verify: bool) -> str | None:
+        """Download one committed checkpoint unless an intact copy is there; why it cannot be used, or None."""
+        local = directory / name
+        if local.is_dir() and files.damage(local, verify) is None:
+            return None
+        try:
+            self._download(name, directory)
+            reason = files.damage(local, verify)
+        except (OSError, ValueError) as err:  # an object deleted or unreadable since the commit
+            reason = f"it could not be downloaded ({type(err).__name__}: {first_line(err)})"
+        if reason is not None:
+            files.remove_checkpoint(local)
+        return reason
 
     def _download(self, name: str, directory: Path) -> None:
         """Into a partial directory, renamed into place once every file is there (a kill leaves a leftover that
@@ -191,14 +241,15 @@ class Storage:
         self.fs.rm(self.path(CHECKPOINTS, name), recursive=True)
 
 
-def _access_message(url: str, err: Exception) -> str:
+def _access_message(url: str, err: Exception, writing: bool = True) -> str:
     text = f"{type(err).__name__}: {first_line(err)}".rstrip(": ")
     if isinstance(err, PermissionError):
+        needs = "list, read, write and delete objects under the prefix" if writing else "list and read objects there"
         why = ("refused the credentials. For S3 set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), "
-               "and AWS_ENDPOINT_URL for an S3-compatible server; the identity needs to list, read, write and "
-               "delete objects under the prefix")
+               f"and AWS_ENDPOINT_URL for an S3-compatible server; the identity needs to {needs}")
     elif isinstance(err, FileNotFoundError):
-        why = "names a bucket that does not exist (or that these credentials cannot see): create it first"
+        why = ("names a bucket that does not exist (or that these credentials cannot see)"
+               + (": create it first" if writing else ""))
     else:
-        why = "could not be written to (a wrong endpoint, or no network?)"
+        why = f"could not be {'written to' if writing else 'read'} (a wrong endpoint, or no network?)"
     return f"is {url}, which {why} ({text}). Nothing was trained or written there"

@@ -5,6 +5,10 @@
   `resume=auto hydra.run.dir=outputs/2026-12-01/10-00-00-000000`.
 - `resume=<run dir>` or `resume=<run dir>/checkpoints`: the newest complete checkpoint there.
 - `resume=<run dir>/checkpoints/step_N`: exactly that checkpoint.
+- `resume=<URL>` (s3://bucket/prefix, a `checkpoint.dir` another run wrote; its checkpoints/ folder; or one
+  checkpoints/step_N in it): the newest intact committed checkpoint there, or exactly the one named, downloaded
+  into `<run dir>/fetched/` and verified there like a local one. The run continues in its own run dir. Only the
+  process that writes the run dir downloads; every rank takes its choice when the workers start.
 
 Every candidate is verified (sizes and sha256 against its manifest). When the newest is damaged, the previous
 complete one is taken, with a warning that names both; a named checkpoint that is damaged is refused.
@@ -16,20 +20,25 @@ import logging
 from pathlib import Path
 
 from runner.checkpoint import files, safe_dcp
-from runner.checkpoint.remote import Storage
+from runner.checkpoint.remote import Storage, split_resume_url
 from runner.errors import CheckpointError, ConfigError, ResumeRefused
 
 log = logging.getLogger(__name__)
 
 AUTO = "auto"
+# Where resume=<URL> downloads its checkpoint: beside the run's own checkpoints/, which resume=auto and retention
+# manage, so a fetched checkpoint is never taken for one this run wrote.
+FETCHED = "fetched"
 
 
 def find_resume(resume: str | None, run_dir: Path, verify: bool = True,
-                storage: Storage | None = None) -> Path | None:
+                storage: Storage | None = None, fetch: bool = True) -> Path | None:
     """The checkpoint to resume from, or None to start from scratch. Raises CheckpointError when none is usable,
     or when the chosen one holds pickled code (checked here, in the parent, before any worker starts). With
     `storage` (checkpoint.dir), resume=auto first fetches its newest intact committed checkpoint into the run dir,
-    and a fresh start refuses a storage that holds another run's checkpoints."""
+    and a fresh start refuses a storage that holds another run's checkpoints. `fetch`: whether this process
+    downloads what resume=<URL> names (the run dir's writer does; the others return None and take its choice when
+    the workers start)."""
     if storage is not None and not resume and storage.committed():
         raise ConfigError("checkpoint.dir", f"is {storage}, which already holds the checkpoints of a run; continue "
                                             "it with resume=auto, or choose another checkpoint.dir for a new run")
@@ -38,7 +47,11 @@ def find_resume(resume: str | None, run_dir: Path, verify: bool = True,
         if fetched is not None:
             log.info("resume=auto: %s/checkpoints/%s is the newest intact checkpoint there; fetched into %s",
                      storage, fetched.name, fetched.parent)
-    found = _find_resume(resume, run_dir, verify)
+    if resume and "://" in resume:
+        # Only the run dir's writer downloads; every rank takes its choice at start (runner/launch/worker.py).
+        found = fetch_url(resume, run_dir / FETCHED, verify) if fetch else None
+    else:
+        found = _find_resume(resume, run_dir, verify)
     if found is not None:
         manifest = files.read_manifest(found)
         if manifest is not None and files.layout_of(manifest) is files.Layout.dcp:
@@ -75,6 +88,21 @@ def _find_resume(resume: str | None, run_dir: Path, verify: bool) -> Path | None
     return found
 
 
+def fetch_url(url: str, directory: Path, verify: bool = True) -> Path:
+    """The checkpoint `resume=<URL>` names, downloaded into `directory` and verified: the newest intact one of a
+    checkpoint.dir, or exactly the one named."""
+    prefix, name = split_resume_url(url)
+    storage = Storage(prefix, key="resume")
+    storage.check_readable()
+    found = storage.fetch(name, directory, verify) if name else storage.fetch_newest(directory, verify)
+    if found is None:
+        raise CheckpointError(f"resume: {url} holds no committed checkpoint (no {storage}/checkpoints/step_N/"
+                              f"{files.MANIFEST}); give a checkpoint.dir a run wrote, its checkpoints/ folder, or "
+                              "one checkpoints/step_N in it")
+    log.info("resume=%s: %s/checkpoints/%s fetched into %s and verified", url, storage, found.name, found.parent)
+    return found
+
+
 def newest_intact(directory: Path, verify: bool = True) -> Path | None:
     """The newest checkpoint that passes verification; each damaged newer one is reported and skipped."""
     candidates = [path for path, _ in files.complete_checkpoints(directory)]
@@ -104,8 +132,7 @@ def nonfinite_reason(path: Path) -> str | None:
     legitimate -inf buffer (an attention mask) saved beside the weights, and passing over a good checkpoint would
     throw away training; a non-finite one still stops at its first logged loss with trainer.on_nonfinite's
     message."""
-    manifest = files.read_manifest(path) or {}
-    return None if manifest.get("finite", True) else "its manifest says its weights hold NaN or inf"
+    return files.nonfinite_in(files.read_manifest(path) or {})
 
 
 def refuse_inexact_resume(path: Path, world_size: int, global_batch: int) -> None:

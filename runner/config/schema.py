@@ -311,8 +311,10 @@ class RunConfig:
     your own as +callbacks.mine._target_=mylab.callbacks.Mine."""
     resume: Optional[str] = None
     """Continue a run: `auto` (the newest intact checkpoint of this run dir, or start from scratch when there is
-    none; continue in place with hydra.run.dir=<run dir>), a run dir (its newest intact checkpoint), or one
-    checkpoints/step_N directory. None: a fresh run, refused in a run dir that already holds checkpoints."""
+    none; continue in place with hydra.run.dir=<run dir>), a run dir (its newest intact checkpoint), one
+    checkpoints/step_N directory, or the same on object storage (s3://bucket/prefix, another run's checkpoint.dir,
+    or .../checkpoints/step_N: downloaded into <run dir>/fetched/). None: a fresh run, refused in a run dir that
+    already holds checkpoints."""
     allowed_targets: List[str] = field(
         default_factory=lambda: ["runner.", "torch.", "datasets.", "transformers.", "timm.", "torchvision."]
     )

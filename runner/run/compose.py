@@ -114,12 +114,13 @@ def preflight(spec: RunSpec) -> RunSpec:
     run_dir = Path(spec.run_dir)
     # A restarted group (torchrun --max-restarts) continues from its newest checkpoint on its own.
     resume = config.resume or ("auto" if restart_count() > 0 else None)
-    # checkpoint.dir: its access is checked now, before training; the machine that writes the run dir fetches.
+    # checkpoint.dir: its access is checked now, before training; the machine that writes the run dir fetches (for
+    # resume=auto from checkpoint.dir, and resume=<URL>).
     storage = Storage(config.checkpoint.dir) if config.checkpoint.dir and config.checkpoint.enabled else None
     if storage is not None:
         storage.check()
-    fetches = storage if writes_run_dir(config.hardware.machine_rank) else None
-    resume_from = find_resume(resume, run_dir, config.checkpoint.verify, fetches)
+    writer = writes_run_dir(config.hardware.machine_rank)
+    resume_from = find_resume(resume, run_dir, config.checkpoint.verify, storage if writer else None, fetch=writer)
     batch = batch_plan(config.trainer, hardware.world_size)
     if resume_from is not None:
         refuse_inexact_resume(resume_from, hardware.world_size, batch.global_batch)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 import signal
 import socket
@@ -201,6 +202,64 @@ def test_the_sharded_layout_goes_through_the_same_commit(aws, tmp_path):
     assert all(torch.equal(saved[key]["exp_avg"], loaded[key]["exp_avg"]) for key in saved)
 
 
+def test_resume_from_a_url_fetches_the_checkpoint_it_names(aws, tmp_path, caplog):
+    """resume=<URL> (another run's checkpoint.dir, its checkpoints/ folder, or one step_N in it) downloads into
+    <run dir>/fetched/, verifies, and is refused, naming the URL, when it cannot be used; a rank that does not
+    write the run dir downloads nothing (it takes rank 0's choice when the workers start)."""
+    caplog.set_level(logging.INFO, logger="runner.checkpoint.resume")
+    model, optimizer = trained_objects()
+    url = f"s3://{BUCKET}/named"
+    saver = checkpointer(tmp_path / "first", url, keep_last=None)
+    for step in (1, 2, 3):
+        save(saver, model, optimizer, step)
+
+    for given in (url, f"{url}/checkpoints/"):
+        chosen = find_resume(given, tmp_path / "newest")
+        assert chosen == tmp_path / "newest" / "fetched" / "step_00000003"
+    assert f"resume={url}/checkpoints/: {url}/checkpoints/step_00000003 fetched into" in caplog.text
+    named = find_resume(f"{url}/checkpoints/step_00000002", tmp_path / "named")
+    assert named == tmp_path / "named" / "fetched" / "step_00000002"
+    assert not (tmp_path / "named" / "checkpoints").exists()  # apart from the checkpoints this run will write
+    fresh, fresh_optimizer = trained_objects(seed=1)
+    restore(named, fresh, fresh_optimizer)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))
+    assert find_resume(url, tmp_path / "rank1", fetch=False) is None and not (tmp_path / "rank1").exists()
+
+    with pytest.raises(CheckpointError, match=r"resume: s3://ckpt/named/checkpoints/step_00000009 is not a "
+                                              r"committed checkpoint \(no manifest.json there\); committed in "
+                                              r"s3://ckpt/named/checkpoints: step_00000001, step_00000002, "
+                                              r"step_00000003$"):
+        find_resume(f"{url}/checkpoints/step_00000009", tmp_path / "missing")
+    stored = Storage(url)
+    weights = stored.path("checkpoints", "step_00000002", MODEL_FILE)
+    data = bytearray(stored.fs.cat_file(weights))
+    data[-1] ^= 0xFF
+    stored.fs.pipe(weights, bytes(data))
+    with pytest.raises(CheckpointError, match=r"resume: cannot load s3://ckpt/named/checkpoints/step_00000002: .*"
+                                              r"does not match its sha256"):
+        find_resume(f"{url}/checkpoints/step_00000002", tmp_path / "tampered")
+    assert not (tmp_path / "tampered" / "fetched" / "step_00000002").exists()  # the damaged download is not kept
+    manifest_path = stored.path("checkpoints", "step_00000003", files.MANIFEST)
+    stored.fs.pipe(manifest_path, json.dumps({**json.loads(stored.fs.cat_file(manifest_path)), "finite": False})
+                   .encode())
+    caplog.clear()
+    assert find_resume(url, tmp_path / "fallback").name == "step_00000001"  # 3 not finite, 2 damaged
+    assert "passing over checkpoint s3://ckpt/named/checkpoints/step_00000003: its manifest says its weights " \
+           "hold NaN or inf" in caplog.text
+    with pytest.raises(CheckpointError, match=r"cannot load s3://ckpt/named/checkpoints/step_00000003: its "
+                                              r"manifest says its weights hold NaN or inf"):
+        find_resume(f"{url}/checkpoints/step_00000003", tmp_path / "nonfinite")
+
+    with pytest.raises(CheckpointError, match=r"resume: s3://ckpt/empty holds no committed checkpoint"):
+        find_resume(f"s3://{BUCKET}/empty", tmp_path / "empty")
+    with pytest.raises(ConfigError, match=r"resume: is s3://ckpt/named/step_00000001, a step_N folder outside a "
+                                          r"checkpoints/ folder .*give a checkpoint.dir URL"):
+        find_resume(f"{url}/step_00000001", tmp_path / "outside")
+    with pytest.raises(ConfigError, match=r"resume: is s3://no-such-bucket/x, which names a bucket that does not "
+                                          r"exist"):
+        find_resume("s3://no-such-bucket/x", tmp_path / "no_bucket")
+
+
 UPLOAD = """
 import sys
 from pathlib import Path
@@ -253,6 +312,11 @@ def test_bad_credential_or_missing_bucket_fails_before_training(aws, tmp_path, m
     assert "checkpoint.dir: is s3://ckpt/denied, which refused the credentials. For S3 set AWS_ACCESS_KEY_ID" in \
         result.output and "Nothing was trained or written there" in result.output
     assert "Traceback" not in result.output and not (tmp_path / "denied" / "metrics.jsonl").exists()
+    result = run_cli(*RUN, f"resume=s3://{BUCKET}/denied", "hydra.run.dir=denied_resume", cwd=tmp_path)
+    assert result.returncode == 1
+    assert "resume: is s3://ckpt/denied, which refused the credentials. For S3 set AWS_ACCESS_KEY_ID" in \
+        result.output and "the identity needs to list and read objects there" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "denied_resume" / "metrics.jsonl").exists()
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", aws["AWS_SECRET_ACCESS_KEY"])
     with pytest.raises(ConfigError, match=r"is s3://no-such-bucket/x, which names a bucket that does not exist"):
         Storage("s3://no-such-bucket/x").check()
@@ -267,7 +331,8 @@ def test_bad_credential_or_missing_bucket_fails_before_training(aws, tmp_path, m
 
 def test_a_run_resumes_exactly_on_a_machine_without_its_run_dir(aws, tmp_path):
     """`python -m runner checkpoint.dir=s3://...` killed after a committed checkpoint; the run dir is lost (another
-    node); the same command with resume=auto and a new run dir continues from the bucket, bitwise."""
+    node); the same command with resume=auto and a new run dir continues from the bucket, bitwise, and so does a
+    new run (no checkpoint.dir) given resume=<the committed checkpoint's URL>."""
     url = f"s3://{BUCKET}/exact"
     one_epoch = "trainer.max_epochs=1"  # 16 steps: enough to kill after step 6 and continue (suite time)
     reference = run_cli(*RUN, one_epoch, f"checkpoint.dir=s3://{BUCKET}/reference", "hydra.run.dir=reference",
@@ -282,15 +347,21 @@ def test_a_run_resumes_exactly_on_a_machine_without_its_run_dir(aws, tmp_path):
         kill_everything(proc)
     committed = stored.committed()[-1][1]["step"]
     assert committed < 16, "the kill came too late to test anything"
+    checkpoint = f"{url}/checkpoints/step_{committed:08d}"
+    from_url = run_cli(*RUN, one_epoch, f"resume={checkpoint}", "hydra.run.dir=from_url", cwd=tmp_path)
+    assert from_url.returncode == 0, from_url.output
+    assert f"resumed from {tmp_path / 'from_url' / 'fetched' / f'step_{committed:08d}'}: step {committed}," in \
+        from_url.output
     result = run_cli(*RUN, one_epoch, f"checkpoint.dir={url}", "resume=auto", "hydra.run.dir=elsewhere", cwd=tmp_path)
     assert result.returncode == 0, result.output
-    assert f"resume=auto: {url}/checkpoints/step_{committed:08d} is the newest intact checkpoint there" in \
-        result.output
-    final, expected = (load_file(tmp_path / name / "export" / "final.safetensors") for name in ("elsewhere",
-                                                                                                  "reference"))
-    assert final.keys() == expected.keys() and all(torch.equal(final[name], expected[name]) for name in expected)
-    losses, expected_losses = (dict(read_scalars(tmp_path / name, "train/loss")) for name in ("elsewhere", "reference"))
-    assert min(losses) > committed and losses == {step: expected_losses[step] for step in losses}
+    assert f"resume=auto: {checkpoint} is the newest intact checkpoint there" in result.output
+    expected = load_file(tmp_path / "reference" / "export" / "final.safetensors")
+    expected_losses = dict(read_scalars(tmp_path / "reference", "train/loss"))
+    for name in ("elsewhere", "from_url"):
+        final = load_file(tmp_path / name / "export" / "final.safetensors")
+        assert final.keys() == expected.keys() and all(torch.equal(final[key], expected[key]) for key in expected)
+        losses = dict(read_scalars(tmp_path / name, "train/loss"))
+        assert min(losses) > committed and losses == {step: expected_losses[step] for step in losses}, name
     assert stored.fs.cat_file(stored.path("export", "final.safetensors")) == \
         (tmp_path / "elsewhere" / "export" / "final.safetensors").read_bytes()
 
