@@ -121,7 +121,9 @@ def _run(spec: RunSpec, dist: DistInfo, peers, keep_process_group: bool) -> dict
 def train(spec: RunSpec, accelerator: Accelerator, peers=None) -> dict[str, float]:
     """Build the parts, restore a checkpoint if the parent chose one, make the loop, fit."""
     config, run_dir = spec.config, Path(spec.run_dir)
-    resume_from = _resume_point(spec)
+    # Rank 0's choice on every rank: under torchrun each rank chose in its own parent, and only rank 0 fetched from
+    # object storage (checkpoint.dir, resume=<URL>), so another rank may have looked before the download finished.
+    resume_from = broadcast_object(_resume_point(spec))
     apply_determinism(config.trainer.deterministic)
     parts = build_parts(config, spec.batch, accelerator)
     restored = _restore(resume_from, parts, accelerator, config, spec.batch.global_batch) if resume_from else None

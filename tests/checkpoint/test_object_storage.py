@@ -20,8 +20,8 @@ import torch
 from safetensors.torch import load_file
 
 from checkpoint_helpers import RESOLVED, trained_objects
-from conftest import ROOT, read_scalars, wait_for
-from resume_helpers import RUN, kill_everything, run_cli, start
+from conftest import ROOT, read_jsonl, read_scalars, wait_for
+from resume_helpers import HELPERS_ENV, RUN, kill_everything, run_cli, start
 from runner.checkpoint import files, find_resume
 from runner.checkpoint.remote import Storage
 from runner.config import CheckpointConfig, MonitorMode
@@ -364,6 +364,26 @@ def test_a_run_resumes_exactly_on_a_machine_without_its_run_dir(aws, tmp_path):
         assert min(losses) > committed and losses == {step: expected_losses[step] for step in losses}, name
     assert stored.fs.cat_file(stored.path("export", "final.safetensors")) == \
         (tmp_path / "elsewhere" / "export" / "final.safetensors").read_bytes()
+
+
+def test_torchrun_ranks_resume_from_the_checkpoint_rank_0_fetched(aws, tmp_path):
+    """Under torchrun each rank decides in its own process and only rank 0 downloads resume=<URL>: every rank
+    must continue from rank 0's copy (broadcast when the workers start), not start from scratch."""
+    url = f"s3://{BUCKET}/torchrun"
+    first = run_cli(*RUN, "trainer.max_steps=3", f"checkpoint.dir={url}", "hydra.run.dir=first", cwd=tmp_path)
+    assert first.returncode == 0, first.output
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "runner",
+               "hardware=multi_cpu", *RUN, "trainer.max_steps=5", f"resume={url}/checkpoints/step_00000003",
+               "hydra.run.dir=continued", "hardware.timeout_s=120"]  # ranks that disagree fail, not hang
+    result = subprocess.run(command, cwd=tmp_path, env={**os.environ, **HELPERS_ENV}, capture_output=True, text=True,
+                            timeout=400)
+    assert result.returncode == 0, result.stdout + result.stderr
+    fetched = tmp_path / "continued" / "fetched" / "step_00000003"
+    for rank in (0, 1):
+        log = (tmp_path / "continued" / f"runner_rank{rank}.log").read_text()
+        assert f"resumed from {fetched}: step 3," in log, log
+    assert [row["step"] for row in read_jsonl(tmp_path / "continued" / "metrics.jsonl") if "train/loss" in row] \
+        == [4, 5]
 
 
 def test_an_upload_that_fails_during_training_names_the_storage(aws, tmp_path, monkeypatch):
