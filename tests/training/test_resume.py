@@ -3,6 +3,7 @@ with resume=auto, must end bitwise where an uninterrupted run ends, having logge
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 
@@ -185,6 +186,34 @@ def test_fresh_run_refuses_a_dir_with_checkpoints(tmp_path, reference):
     result = run_cli(*RUN, f"hydra.run.dir={reference[1]}", cwd=tmp_path)
     assert result.returncode == 1
     assert "resume: the run dir" in result.output and "continue it with resume=auto" in result.output
+
+
+def test_best_export_follows_the_run_dirs_own_evaluations(tmp_path):
+    """export/best names the best evaluation in its run dir's metrics.jsonl (as the summary and result.json do):
+    continued in place, the best so far comes back with the checkpoint; continued in a new run dir, the new dir's
+    best starts with its own evaluations (the first run's best weights are in the first run's export). The
+    monitor is val/loss at its max, so the first evaluation stays the best and a later one never beats it;
+    keep_best=1 saves after every evaluation, which makes each one a candidate for export/best."""
+    monitor = ("trainer.monitor=val/loss", "trainer.monitor_mode=max", "checkpoint.keep_best=1")
+
+    def best_step(run_dir: Path) -> int:
+        rows = [row for row in read_jsonl(run_dir / "metrics.jsonl") if "val/loss" in row]
+        return max(rows, key=lambda row: row["val/loss"])["step"]
+
+    first = run_cli(*RUN, *monitor, "trainer.max_steps=12", "hydra.run.dir=first", cwd=tmp_path)
+    assert first.returncode == 0, first.output
+    continued = run_cli(*RUN, *monitor, "trainer.max_steps=24", f"resume={tmp_path / 'first'}",
+                        "hydra.run.dir=second", cwd=tmp_path)
+    assert continued.returncode == 0, continued.output
+    in_place = run_cli(*RUN, *monitor, "trainer.max_steps=24", "resume=auto", "hydra.run.dir=first", cwd=tmp_path)
+    assert in_place.returncode == 0, in_place.output
+    for name, after in (("first", 0), ("second", 12)):
+        best = json.loads((tmp_path / name / "export" / "best.json").read_text())
+        assert best["step"] == best_step(tmp_path / name) and best["step"] > after, (name, best)
+    # The premise: the loss falls, so the in-place run's best is still one of the first invocation's evaluations
+    # (had the best not come back with the checkpoint, its step 20 would have been exported as the best).
+    assert best_step(tmp_path / "first") <= 12
+    assert "this run dir's best starts with this run's evaluations" in continued.output
 
 
 def test_batches_can_start_inside_an_epoch():
