@@ -36,6 +36,10 @@ GPU_PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
 CPU_MATMUL_SIZE = 1024
 """The side of the square matmul timed on a CPU: 2.1 GFLOP, large enough for the BLAS kernels' peak."""
 CPU_REPEATS = 5
+CPU_PRODUCT_BUDGET_S = 0.25
+"""At most this long for one timed product, as a 128x128 probe predicts it: a dtype the CPU only emulates is timed
+on a smaller square. fp16 on an AVX2 CPU computes about 1 GFLOP/s at 1024x1024 (2 s a product, 12 s for the six a
+measurement takes, at the start of a run) against 90-200 GFLOP/s for float32 and native bfloat16."""
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,8 @@ def cpu_peak(precision: str, threads: int, cache_dir: Path) -> Peak:
     cache = cache_dir / "peak_flops.json"
     known = _read_json(cache)
     if key not in known:
-        known[key] = measure_matmul_flops(dtype)
+        flops, size = measure_matmul_flops(dtype)
+        known[key] = {"flops_per_s": flops, "size": size}
         try:
             cache_dir.mkdir(parents=True, exist_ok=True)
             write_text_atomically(cache, json.dumps(known, indent=1, sort_keys=True) + "\n")
@@ -95,12 +100,23 @@ def cpu_peak(precision: str, threads: int, cache_dir: Path) -> Peak:
         how = "measured now"
     else:
         how = f"measured earlier, cached in {cache}"
-    return Peak(known[key], f"a {CPU_MATMUL_SIZE}x{CPU_MATMUL_SIZE} {str(dtype).removeprefix('torch.')} matmul "
-                            f"on {threads} thread(s), {how}")
+    size = known[key]["size"]
+    return Peak(known[key]["flops_per_s"], f"a {size}x{size} {str(dtype).removeprefix('torch.')} matmul on "
+                                           f"{threads} thread(s), {how}")
 
 
-def measure_matmul_flops(dtype: torch.dtype, size: int = CPU_MATMUL_SIZE, repeats: int = CPU_REPEATS) -> float:
-    """The best FLOP/s of `repeats` square matmuls (the first, which warms the kernels, not counted)."""
+def measure_matmul_flops(dtype: torch.dtype, size: int = CPU_MATMUL_SIZE, repeats: int = CPU_REPEATS,
+                         budget_s: float = CPU_PRODUCT_BUDGET_S) -> tuple[float, int]:
+    """(the best FLOP/s of `repeats` square matmuls, their side): `size`, halved while a 128x128 probe predicts
+    that one product would take longer than `budget_s` (the first product, which warms the kernels, not counted)."""
+    probe = _matmul_seconds(dtype, 128, repeats=1)
+    while size > 128 and probe * (size / 128) ** 3 > budget_s:
+        size //= 2
+    return 2 * size**3 / max(_matmul_seconds(dtype, size, repeats), 1e-9), size
+
+
+def _matmul_seconds(dtype: torch.dtype, size: int, repeats: int) -> float:
+    """The fastest of `repeats` timed products of two size x size matrices, after one untimed."""
     a = torch.randn(size, size, generator=torch.Generator().manual_seed(0)).to(dtype)
     b = a.t().contiguous()
     torch.mm(a, b)
@@ -109,7 +125,7 @@ def measure_matmul_flops(dtype: torch.dtype, size: int = CPU_MATMUL_SIZE, repeat
         start = time.perf_counter()
         torch.mm(a, b)
         best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / max(best, 1e-9)
+    return best
 
 
 def cpu_model() -> str:
@@ -124,11 +140,20 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown CPU"
 
 
-def _read_json(path: Path) -> dict[str, float]:
+def _read_json(path: Path) -> dict[str, dict]:
+    """The cached peaks, {key: {"flops_per_s", "size"}}; an entry of an older runner (a bare number, measured on a
+    1024x1024 square) is read as such; anything else is measured again."""
     try:
         known = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
     if not isinstance(known, dict):
         return {}
-    return {key: value for key, value in known.items() if isinstance(value, (int, float)) and value > 0}
+    entries = {}
+    for key, value in known.items():
+        if isinstance(value, (int, float)):
+            value = {"flops_per_s": value, "size": CPU_MATMUL_SIZE}
+        if (isinstance(value, dict) and isinstance(value.get("flops_per_s"), (int, float))
+                and value["flops_per_s"] > 0 and isinstance(value.get("size"), int)):
+            entries[key] = value
+    return entries

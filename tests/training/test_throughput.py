@@ -7,7 +7,7 @@ import pytest
 import torch
 import yaml
 
-from runner.distributed.peak import Peak, cpu_peak, device_peak, gpu_peak
+from runner.distributed.peak import Peak, cpu_peak, device_peak, gpu_peak, measure_matmul_flops
 from runner.models.gpt import GPT
 from runner.training.tasks import LanguageModeling, Task
 from runner.training.throughput import Throughput, count_flops_per_sample
@@ -103,12 +103,26 @@ def test_cpu_peak_is_measured_once_and_cached(tmp_path):
     assert first.flops_per_s > 1e8 and "measured now" in first.source  # any CPU of this century: > 0.1 GFLOP/s
     cached = json.loads((tmp_path / "peak_flops.json").read_text())
     (key,) = cached
-    assert key.endswith("| 1 thread(s) | float32") and cached[key] == first.flops_per_s
+    assert key.endswith("| 1 thread(s) | float32") and cached[key]["flops_per_s"] == first.flops_per_s
+    size = cached[key]["size"]
+    assert f"a {size}x{size} float32 matmul on 1 thread(s), measured now" in first.source
     again = cpu_peak("fp32", 1, tmp_path)
     assert again.flops_per_s == first.flops_per_s and "cached in" in again.source
+    # An older runner's entry (a bare number, measured on 1024x1024) is still read.
+    (tmp_path / "peak_flops.json").write_text(json.dumps({key: 5e10}))
+    older = cpu_peak("fp32", 1, tmp_path)
+    assert older.flops_per_s == 5e10 and "a 1024x1024 float32 matmul on 1 thread(s), measured earlier" in older.source
     # A damaged cache is measured again, not trusted.
     (tmp_path / "peak_flops.json").write_text("{not json")
     assert "measured now" in cpu_peak("fp32", 1, tmp_path).source
+
+
+def test_a_slow_dtype_is_timed_on_a_smaller_square():
+    """One timed product is kept under the budget as a 128x128 probe predicts it (fp16 on an AVX2 CPU would take
+    2 s a product at 1024x1024): no budget leaves the probe's own size; a generous one the full 1024."""
+    flops, size = measure_matmul_flops(torch.float32, budget_s=0.0)
+    assert size == 128 and flops > 1e8
+    assert measure_matmul_flops(torch.float32, budget_s=3600.0)[1] == 1024
 
 
 def test_the_loop_logs_flops_per_second_and_mfu(cli, tmp_path):
@@ -119,7 +133,8 @@ def test_the_loop_logs_flops_per_second_and_mfu(cli, tmp_path):
     line = next(text for text in result.output.splitlines() if "throughput: " in text)
     assert "per sample (counted on one step's forward and backward by torch.utils.flop_counter)" in line
     assert "measured now" in line
-    (peak,) = json.loads((cache / "peak_flops.json").read_text()).values()
+    (cached,) = json.loads((cache / "peak_flops.json").read_text()).values()
+    peak = cached["flops_per_s"]
     # The default recipe's model, counted here the same way, gives the per-sample figure the loop divides by.
     rows = [row for row in read_jsonl(result.run_dir() / "metrics.jsonl") if "train/loss" in row]
     assert len(rows) == 3
