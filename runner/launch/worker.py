@@ -140,7 +140,7 @@ def train(spec: RunSpec, accelerator: Accelerator, peers=None) -> dict[str, floa
         peers.watch_progress(lambda: loop.state.step)
     if restored:
         loop.load_state_dict(restored["loop"], restored["this_rank"])
-        _restore_best(loop.checkpointer, restored["checkpointer"], Path(resume_from), run_dir)
+        loop.checkpointer.load_state_dict(restored["checkpointer"], source=Path(resume_from))
         apply_rng(restored)  # last: nothing after this draws random numbers before training continues
     else:
         loop.logger.log_config(plain(config))
@@ -200,19 +200,6 @@ def _resume_point(spec: RunSpec) -> str | None:
     if newest is not None:
         log.info("restart %d: continuing from %s", restart_count(), newest)
     return str(newest) if newest is not None else spec.resume_from
-
-
-def _restore_best(checkpointer, state: dict, resume_from: Path, run_dir: Path) -> None:
-    """The best value so far, which decides when export/best is written, comes back only when the run continues in
-    the run dir that wrote the checkpoint. A run continued in a new run dir (resume=<another run dir>, or a URL)
-    exports the best of its own evaluations, as its summary and result.json (read from its own metrics.jsonl) report
-    it; the other run's best weights stay in that run's export. Lightning's ModelCheckpoint does the same when its
-    dirpath changes (it does not reload best_model_score)."""
-    if resume_from.resolve().parent == (run_dir / "checkpoints").resolve():
-        checkpointer.load_state_dict(state)
-    elif state.get("best") is not None:
-        log.info("export/best: the run that wrote %s had its best %s at step %d (in its own export/); this run dir's "
-                 "best starts with this run's evaluations", resume_from, checkpointer.monitor, state["best"]["step"])
 
 
 def _restore(resume_from: str, parts: Parts, accelerator: Accelerator, config: RunConfig,
