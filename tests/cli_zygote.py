@@ -23,13 +23,15 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 
 PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "hydra", "omegaconf", "datasets")
 # Read when a run runs, not when a library is imported, so they may differ between the zygote and a run: pytest's
-# own, the tests' helpers' RUNNER_TEST_*, and OpenMP's KMP_* (set in the tests' process by a library they import;
-# OpenMP reads them when its runtime starts, in the run: the zygote runs no torch operation).
-RUNTIME_ONLY = ("PYTEST_CURRENT_TEST", "RUNNER_TEST_", "KMP_")
+# own, the tests' helpers' RUNNER_TEST_*, OpenMP's KMP_* (set in the tests' process by a library they import;
+# OpenMP reads them when its runtime starts, in the run: the zygote runs no torch operation), and TMPDIR (the
+# tempfile module's choice is reset in each child).
+RUNTIME_ONLY = ("PYTEST_CURRENT_TEST", "RUNNER_TEST_", "KMP_", "TMPDIR")
 MESSAGE = 1 << 20
 
 
@@ -156,6 +158,7 @@ def _become(request: dict, fds: list[int]) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    tempfile.tempdir = None  # as a new process: temporary files where this run's TMPDIR says, not the zygote's
     sys.path[0] = os.getcwd()  # `python -m` puts the working folder first; the zygote had its own script's
     sys.argv = [sys.argv[0], *request["argv"]]  # runpy sets argv[0] to runner/__main__.py, as `python -m` does
 

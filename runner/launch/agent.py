@@ -43,9 +43,10 @@ class Outcome:
     launcher's own failure timestamps have one-second resolution, and it ends the other ranks within that second)."""
 
 
-def launch_config(hardware: Hardware, log_dir: Path, rank0_console: bool = False):
+def launch_config(hardware: Hardware, log_dir: Path, errors_dir: Path, rank0_console: bool = False):
     """The agent's settings: one machine on a free local port, or `num_machines` meeting at machine 0's static
-    rendezvous (machine m holds global ranks m*N .. m*N+N-1, like torchrun --node-rank).
+    rendezvous (machine m holds global ranks m*N .. m*N+N-1, like torchrun --node-rank). The ranks' error files go
+    under `errors_dir` (rank_logs).
 
     `rank0_console` (the runner's own workers): local rank 0 writes straight to this terminal, so its progress bar
     redraws in place (through the agent's tee every redraw would become a new line), and the other ranks' output
@@ -68,21 +69,21 @@ def launch_config(hardware: Hardware, log_dir: Path, rank0_console: bool = False
         max_restarts=hardware.max_restarts,
         start_method=hardware.start_method.value,
         shutdown_timeout=hardware.shutdown_timeout_s,
-        logs_specs=(rank_logs(log_dir, announce_restart(log_dir.parent),
+        logs_specs=(rank_logs(log_dir, errors_dir, announce_restart(log_dir.parent),
                               redirects={rank: Std.NONE if rank == 0 else Std.ALL
                                          for rank in range(hardware.processes_per_machine)}, tee=Std.NONE)
-                    if rank0_console else rank_logs(log_dir, redirects=Std.ALL, tee=Std.ALL)),
+                    if rank0_console else rank_logs(log_dir, errors_dir, redirects=Std.ALL, tee=Std.ALL)),
         log_line_prefix_template="[rank${rank}]:",
         **rendezvous,
     )
 
 
-def rank_logs(log_dir: Path, on_restart=None, **kwargs):
+def rank_logs(log_dir: Path, errors_dir: Path, on_restart=None, **kwargs):
     """Each rank's raw stdout/stderr under `log_dir`, as torch's DefaultLogsSpecs lays them out; the small error
-    files the agent reads a failing rank's report from go to a temporary folder instead, so a full disk under
-    the run dir cannot truncate them (the agent would then fail on its own JSON). The agent lays out each attempt
-    anew: on a restart, `on_restart(restart, max_restarts, {global rank: (report, written)})` gets the failed
-    attempt's reports."""
+    files the agent reads a failing rank's report from go to `errors_dir` (a temporary folder, one subfolder per
+    attempt) instead, so a full disk under the run dir cannot truncate them (the agent would then fail on its own
+    JSON). The agent lays out each attempt anew: on a restart, `on_restart(restart, max_restarts, {global rank:
+    (report, written)})` gets the failed attempt's reports."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 
     class RankLogs(DefaultLogsSpecs):
@@ -94,7 +95,8 @@ def rank_logs(log_dir: Path, on_restart=None, **kwargs):
             restart = int(any_env.get("TORCHELASTIC_RESTART_COUNT", "0"))
             if restart > 0 and on_restart is not None:
                 on_restart(restart, int(any_env.get("TORCHELASTIC_MAX_RESTARTS", "0")), _reports(self.previous))
-            errors = Path(tempfile.mkdtemp(prefix="runner-errors-"))
+            errors = errors_dir / f"attempt_{restart}"
+            errors.mkdir(parents=True, exist_ok=True)
             self.previous = {}
             for rank in logs.error_files:
                 logs.error_files[rank] = envs[rank]["TORCHELASTIC_ERROR_FILE"] = str(errors / f"error_{rank}.json")
@@ -144,12 +146,18 @@ def run_agent(hardware: Hardware, log_dir: Path, entrypoint: Any, args: tuple, s
     # An Event, not Thread.join: a join interrupted by Ctrl-C can leave the thread looking finished (CPython).
     done = threading.Event()
 
+    # The ranks' error files live as long as the agent: it reads each failure's file as the failure happens
+    # (ProcessFailure), so nothing under this folder is needed once it returns, and every run cleans up its own.
+    errors_dir = tempfile.TemporaryDirectory(prefix="runner-errors-", ignore_cleanup_errors=True)
+
     def agent() -> None:
         try:
-            outcome.results = elastic_launch(launch_config(hardware, log_dir, rank0_console), entrypoint)(*args)
+            config = launch_config(hardware, log_dir, Path(errors_dir.name), rank0_console)
+            outcome.results = elastic_launch(config, entrypoint)(*args)
         except BaseException as err:  # handed to the main thread, which reports it
             outcome.error = err
         finally:
+            errors_dir.cleanup()
             done.set()
 
     thread = threading.Thread(target=agent, name="runner-agent", daemon=True)

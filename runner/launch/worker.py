@@ -244,7 +244,14 @@ def run_spawned(spec: RunSpec) -> dict[str, float]:
         raise SystemExit(INTERRUPTED_EXIT_CODE) from None
     except Exception as err:
         log.exception("rank %d failed", dist.rank)  # the whole traceback: into this rank's log file only
-        raise worker_failure(dist.rank, err) from None
+        # Written here, as torch's `record` around this function would write it on the way out, and ended with exit
+        # status 1, which the agent reports the same way (it reads this file in both cases): an exception leaving
+        # this function would also make torch.multiprocessing pickle a traceback into a file of its own in /tmp,
+        # which nothing reads here and nothing removes (pytorch/pytorch#169258).
+        from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+        ErrorHandler().record_exception(worker_failure(dist.rank, err))
+        raise SystemExit(1) from None
 
 
 class _NoTraceback(logging.Formatter):

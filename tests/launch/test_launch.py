@@ -29,8 +29,8 @@ def _spec(tmp_path, **fields) -> RunSpec:
 def test_one_machine_meets_on_a_free_port(tmp_path):
     """With a fresh run id for each launch."""
     first = launch_config(_spec(tmp_path, num_processes=3, start_method=StartMethod.fork, shutdown_timeout_s=7,
-                                timeout_s=90).hardware, tmp_path / "ranks")
-    second = launch_config(_spec(tmp_path).hardware, tmp_path / "ranks")
+                                timeout_s=90).hardware, tmp_path / "ranks", tmp_path / "errors")
+    second = launch_config(_spec(tmp_path).hardware, tmp_path / "ranks", tmp_path / "errors")
     assert (first.rdzv_backend, first.rdzv_endpoint) == ("c10d", "localhost:0")  # port 0: never collides
     assert first.run_id != second.run_id
     assert (first.min_nodes, first.max_nodes, first.nproc_per_node, first.max_restarts) == (1, 1, 3, 0)
@@ -41,7 +41,8 @@ def test_one_machine_meets_on_a_free_port(tmp_path):
 
 def test_machines_meet_at_machine_0_in_rank_order(tmp_path):
     config = launch_config(_spec(tmp_path, num_processes=4, num_machines=3, machine_rank=2,
-                                 main_process_ip="10.0.0.5", main_process_port=29400).hardware, tmp_path / "ranks")
+                                 main_process_ip="10.0.0.5", main_process_port=29400).hardware, tmp_path / "ranks",
+                           tmp_path / "errors")
     assert (config.min_nodes, config.max_nodes, config.nproc_per_node) == (3, 3, 4)
     assert (config.rdzv_backend, config.rdzv_endpoint) == ("static", "10.0.0.5:29400")
     assert config.rdzv_configs["rank"] == 2  # this machine holds global ranks 8..11, like torchrun --node-rank

@@ -171,9 +171,14 @@ def test_a_restarted_rank_ends_as_if_it_never_crashed(tmp_path):
     reference = run_cli(*run, cwd=tmp_path / "uninterrupted", env=helpers)
     assert reference.returncode == 0, reference.output
     (tmp_path / "crashing").mkdir()
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    unused = temporary.stat().st_mtime_ns
     crashed = run_cli(*run, "+model.fail_rank=1", "+model.fail_at_forward=6", "+model.fail_attempt=0",
-                      "hardware.max_restarts=1", cwd=tmp_path / "crashing", env=helpers)
+                      "hardware.max_restarts=1", cwd=tmp_path / "crashing", env={**helpers, "TMPDIR": str(temporary)})
     assert crashed.returncode == 0, crashed.output
+    # The ranks' error files of both attempts were written under TMPDIR (its mtime moved) and are gone with the run.
+    assert list(temporary.iterdir()) == [] and temporary.stat().st_mtime_ns != unused
     assert "restart 1: continuing from" in crashed.output
     # The console says why, before the restarted group starts: the failed rank, its error's last line, from where.
     # Where from: step 4's checkpoint, or step 2's when step 4's was still sealing in rank 0's background thread
