@@ -107,8 +107,8 @@ class Output:
         return "".join(self.parts["stdout"]), "".join(self.parts["stderr"])
 
 
-@pytest.mark.parametrize("processes,precision", [(1, "no"), (2, "bf16")])
-def test_nlp_example_gives_accelerates_losses(tmp_path, processes, precision):
+# On 2 processes only: the complete example below runs the same calls on 1 process (and checks that it learns).
+def test_nlp_example_gives_accelerates_losses(tmp_path, processes=2, precision="bf16"):
     """nlp_example: prepare of model, optimizer, both loaders and the schedule, backward, gather_for_metrics, and
     mixed_precision read back to pad batches (to a multiple of 8 unless it is "no")."""
     theirs = run("nlp_example.py", "accelerate", processes, tmp_path / "accelerate", "--mixed_precision", precision)
@@ -120,8 +120,6 @@ def test_nlp_example_gives_accelerates_losses(tmp_path, processes, precision):
     assert ours["losses"] == theirs["losses"]
     assert ours["metrics"] == theirs["metrics"]
     assert all(epoch["count"] == 48 for epoch in ours["metrics"])  # gather_for_metrics dropped the padding rows
-    if precision == "no":
-        assert ours["metrics"][-1]["accuracy"] > 0.8, ours["metrics"]  # it learns: same numbers, and not noise
 
 
 def tensorboard_scalars(directory: Path) -> dict:
@@ -135,7 +133,7 @@ def tensorboard_scalars(directory: Path) -> dict:
 
 # The resume runs on 2 processes only, where each rank's generator and share of the epoch must come back: its two
 # extra launches cost about as much as a 1-process test (the suite has a time budget).
-@pytest.mark.parametrize("processes,precision,resume_at", [(1, "bf16", None), (2, "no", 8)])
+@pytest.mark.parametrize("processes,precision,resume_at", [(1, "no", None), (2, "no", 8)])
 def test_complete_nlp_example_gives_accelerates_losses_and_resumes(tmp_path, processes, precision, resume_at):
     """complete_nlp_example: a checkpoint every 4 steps (save_state), TensorBoard through log_with="all", then (on 2
     processes) a second run resumed mid-epoch from one of them (load_state, skip_first_batches)."""
@@ -160,7 +158,8 @@ def test_complete_nlp_example_gives_accelerates_losses_and_resumes(tmp_path, pro
     assert checkpoints == their_checkpoints == sorted(f"step_{n}" for n in range(4, 3 * steps_per_epoch + 1, 4))
     assert set(scalars) >= {"accuracy", "f1", "train_loss", "epoch"}
     assert scalars == their_scalars
-    if resume_at is None:
+    if resume_at is None:  # 1 process: it learns (same numbers, and not noise); 2 processes stay near 0.5 here
+        assert ours["metrics"][-1]["accuracy"] > 0.8, ours["metrics"]
         return
     assert f"Resumed from checkpoint: {tmp_path / 'runner' / 'checkpoints' / f'step_{resume_at}'}" in resume["stdout"]
     assert resume["steps"] == their_resume["steps"] == 3 * steps_per_epoch
