@@ -203,7 +203,10 @@ class TrainerConfig:
     monitor_mode: MonitorMode = MonitorMode.max
     """Whether a larger (max) or smaller (min) monitored value is better."""
     progress_bar: bool = True
-    """Show a console progress bar on the main process."""
+    """Show the progress on the main process's console: a bar on a terminal; where stderr is not a terminal (a
+    batch job's log file, nohup, a pipe), a log line every progress_every_s seconds instead."""
+    progress_every_s: float = 30.0
+    """Away from a terminal, how often the progress line is written (a bar would add each redraw to the file)."""
     data_in_memory_mb: int = 4096
     """Splits up to this size are materialised as tensors once (fastest); larger ones stream Arrow batches."""
     on_nonfinite: NonFinitePolicy = NonFinitePolicy.stop

@@ -66,6 +66,9 @@ def trainer_problems(config: RunConfig) -> list[Problem]:
         value = getattr(trainer, name)
         if value is not None and value <= 0:
             problems.append(Problem(f"trainer.{name}", f"is {value}; it must be positive, or null to turn it off"))
+    if trainer.progress_every_s < 0:
+        problems.append(Problem("trainer.progress_every_s", f"is {trainer.progress_every_s}; it must be 0 (a line "
+                                                            "every step) or more seconds"))
     return problems
 
 

@@ -147,7 +147,7 @@ class Loop:
             return self._fit()
 
     def _fit(self) -> dict[str, float]:
-        self.progress.update(self.state.step)
+        self.progress.start(self.state.step)
         self.callbacks.on_fit_start(self)
         if self.evaluation_pending():
             self.evaluate_and_log()

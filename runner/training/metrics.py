@@ -4,11 +4,16 @@ progress bar. The sinks themselves are in runner/training/loggers.py."""
 from __future__ import annotations
 
 import json
+import logging
 import math
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from runner.ground import flatten_hparams
+
+log = logging.getLogger(__name__)
 
 
 def _drop_rows_after(path: Path, step: int) -> None:
@@ -49,11 +54,16 @@ def write_hparams_session(log_dir: Path, hparams: dict[str, Any], metrics: dict[
 
 
 class Progress:
-    """A tqdm bar over optimizer steps with loss and samples/s; nothing at all when disabled."""
+    """The run's progress over optimizer steps, with loss and samples/s, on the console of the process that shows
+    it. On a terminal (or in a notebook), a tqdm bar. Where stderr is not a terminal (a batch job's log file,
+    nohup, a pipe), a bar would add each of its redraws (about ten a second) to the file; there, one log line with
+    the same figures every `line_every_s` seconds instead. Nothing at all when disabled."""
 
-    def __init__(self, total: int, enabled: bool):
-        self._bar = None
-        if enabled:
+    def __init__(self, total: int, enabled: bool, line_every_s: float = 30.0, terminal: bool | None = None):
+        self._bar = self._lines = None
+        if not enabled:
+            return
+        if _draws_bars() if terminal is None else terminal:
             from tqdm.auto import tqdm
             from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -61,20 +71,77 @@ class Progress:
             # Log lines go through tqdm.write while the bar is shown, so they do not tear the bar apart.
             self._redirect = logging_redirect_tqdm()
             self._redirect.__enter__()
+        else:
+            self._lines = _ProgressLines(total, line_every_s)
+
+    def start(self, step: int) -> None:
+        """The step the run starts from (a resumed run's): counted as done, not in the rate."""
+        if self._bar is not None:
+            self._bar.update(step)
+        elif self._lines is not None:
+            self._lines.start(step)
 
     def update(self, steps: int = 1) -> None:
         if self._bar is not None:
             self._bar.update(steps)
+        elif self._lines is not None:
+            self._lines.update(steps)
 
     def show(self, metrics: dict[str, float]) -> None:
+        shown = {name: _short(value) for name, value in metrics.items()}
         if self._bar is not None:
-            self._bar.set_postfix({name: _short(value) for name, value in metrics.items()}, refresh=False)
+            self._bar.set_postfix(shown, refresh=False)
+        elif self._lines is not None:
+            self._lines.shown = shown
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
             self._redirect.__exit__(None, None, None)
             self._bar = None
+        self._lines = None
+
+
+def _draws_bars() -> bool:
+    """A terminal, or a Jupyter kernel's output (where tqdm.auto draws a widget)."""
+    return sys.stderr.isatty() or type(sys.stderr).__module__.startswith("ipykernel")
+
+
+class _ProgressLines:
+    """`train: step 1200/5000 (24%), loss=1.933, samples/s=5756, 2:31 elapsed, about 8:02 left`, logged at most
+    every `every_s` seconds. One clock read per step."""
+
+    def __init__(self, total: int, every_s: float):
+        self.total, self.every_s = total, every_s
+        self.done = self.first = 0
+        self.shown: dict[str, str] = {}
+        self.started = self.written = time.monotonic()
+
+    def start(self, step: int) -> None:
+        self.done = self.first = step
+        self.started = self.written = time.monotonic()
+
+    def update(self, steps: int) -> None:
+        self.done += steps
+        now = time.monotonic()
+        if now - self.written >= self.every_s:
+            self.written = now
+            log.info("%s", self.line(now - self.started))
+
+    def line(self, elapsed: float) -> str:
+        share = f" ({100 * self.done // self.total}%)" if self.total else ""
+        parts = [f"train: step {self.done}/{self.total}{share}",
+                 *(f"{name}={value}" for name, value in self.shown.items()), f"{_clock(elapsed)} elapsed"]
+        if elapsed > 0 and self.total > self.done > self.first:
+            parts.append(f"about {_clock((self.total - self.done) * elapsed / (self.done - self.first))} left")
+        return ", ".join(parts)
+
+
+def _clock(seconds: float) -> str:
+    """2:31, or 1:02:31."""
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 def _short(value: float) -> str:

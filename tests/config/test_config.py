@@ -102,9 +102,9 @@ def test_schema_keys_are_frozen():
     structured = OmegaConf.structured(RunConfig)
     assert sorted(structured.trainer.keys()) == sorted(
         ["max_epochs", "max_steps", "batch_size", "eval_batch_size", "eval_every_steps", "log_every_steps",
-         "grad_accum_steps", "max_grad_norm", "monitor", "monitor_mode", "progress_bar", "data_in_memory_mb",
-         "on_nonfinite", "micro_batch_size", "per_device_batch_size", "limit_train_batches", "limit_val_batches",
-         "overfit_batches", "fast_dev_run", "deterministic"]
+         "grad_accum_steps", "max_grad_norm", "monitor", "monitor_mode", "progress_bar", "progress_every_s",
+         "data_in_memory_mb", "on_nonfinite", "micro_batch_size", "per_device_batch_size", "limit_train_batches",
+         "limit_val_batches", "overfit_batches", "fast_dev_run", "deterministic"]
     )
     assert sorted(structured.parallel.keys()) == sorted(
         ["kind", "find_unused_parameters", "static_graph", "gradient_as_bucket_view", "bucket_cap_mb",

@@ -50,13 +50,16 @@ def test_only_rank_0_of_two_workers_writes_shared(cli):
     """Two distinct worker processes really run; only rank 0 writes the shared files and the console."""
     # 288 rows: a dataset no other test generated, so its generation shows up in the output.
     result = cli(*FORK, "data.num_validation=63", "data.num_train=288", "trainer.batch_size=48",
-                 "trainer.max_steps=4", "trainer.log_every_steps=2")  # with the progress bar
+                 "trainer.max_steps=4", "trainer.log_every_steps=2", "trainer.progress_every_s=0")  # progress shown
     assert result.returncode == 0, result.output
     run_dir = result.run_dir()
-    # One bar, rank 0's, written straight to the terminal (the agent's tee would prefix each redraw with [rank0]:
-    # and make it a line of its own; text mode here turns the bar's carriage returns into newlines); the other
-    # rank's log lines are in its own file only.
-    assert any(line.startswith("train: 100%|") for line in result.stderr.splitlines()) and "[rank" not in result.output
+    # One progress, rank 0's, written straight to the console (the agent's tee would prefix each line, and each
+    # redraw of a terminal's bar, with [rank0]:); a pipe gets its lines, one a step here. The other rank's log lines
+    # are in its own file only.
+    progress = [line for line in result.output.splitlines() if "train: step" in line]
+    assert [line.split(" - ", 1)[1].split(",")[0] for line in progress] == [f"train: step {step}/4 ({25 * step}%)"
+                                                                            for step in (1, 2, 3, 4)]
+    assert "[rank" not in result.output
     assert "rank 0 of 2" in result.output and "rank 1 of 2" not in result.output
     assert "rank 1 of 2" in _rank_log(run_dir, 1)
     parent_pid = int(re.search(r"from pid (\d+)", (run_dir / "runner.log").read_text()).group(1))

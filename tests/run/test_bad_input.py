@@ -60,6 +60,8 @@ CASES = [
     ("batch size 0", ["trainer.batch_size=0"], "trainer.batch_size", "is 0; it must be 1 or more"),
     ("no epochs", ["trainer.max_epochs=0"], "trainer.max_epochs", "it must be 1 or more"),
     ("log cadence 0", ["trainer.log_every_steps=0"], "trainer.log_every_steps", "it must be 1 or more"),
+    ("progress line cadence below 0", ["trainer.progress_every_s=-5"], "trainer.progress_every_s",
+     "is -5.0; it must be 0 (a line every step) or more seconds"),
     ("accumulation 0", ["trainer.grad_accum_steps=0"], "trainer.grad_accum_steps", "it must be 1 or more"),
     ("negative step budget", ["trainer.max_steps=-4"], "trainer.max_steps", "it must be positive"),
     ("negative clipping", ["trainer.max_grad_norm=-1"], "trainer.max_grad_norm", "it must be positive"),
