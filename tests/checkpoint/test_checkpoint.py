@@ -9,7 +9,6 @@ import json
 import logging
 import os
 import random
-import signal
 import subprocess
 import sys
 

@@ -13,7 +13,7 @@ import torch
 from runner.accelerate.accelerator import Accelerator
 from runner.checkpoint import MANIFEST, damage, find_resume, read_pointer
 from runner.training.checkpointer import Checkpointer, restore, tensors_are_finite
-from runner.checkpoint.files import Layout, block_digests, read_manifest
+from runner.checkpoint.files import Layout, read_manifest
 from runner.config import CheckpointConfig, MonitorMode, TrainerConfig
 from runner.data.batches import TensorBatches
 from runner.errors import CheckpointError, NonFiniteLoss

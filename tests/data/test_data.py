@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from runner.data import ArrowBatches, TensorBatches, digit_sequences, local_files, make_batches, sklearn_digits
-from runner.data.tabular import hub
 from runner.errors import ConfigError, DataError
 
 

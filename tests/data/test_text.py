@@ -12,7 +12,6 @@ import torch
 from matrix_data import corpus
 from runner.data import make_batches, text_files
 from runner.data.tokenizers import BytePairEncoding, CharLevel, load_tokenizer
-from runner.data.tokens import TokenBlocks
 from runner.errors import ConfigError
 from runner.models import GPT
 from runner.commands.sample import SampleSettings, sample

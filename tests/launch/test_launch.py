@@ -7,7 +7,6 @@ import os
 import signal
 from types import SimpleNamespace
 
-import pytest
 from runner.run.checks import launch_problems
 from runner.config import HardwareConfig, HardwareKind, RunConfig, RunSpec, StartMethod
 from runner.errors import ConfigError, DataError

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 from safetensors.torch import load_file
 

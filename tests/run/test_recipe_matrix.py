@@ -8,7 +8,6 @@ Regenerate the file after an intended change: `python tests/run/test_recipe_matr
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 from pathlib import Path

@@ -9,11 +9,9 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
 from runner.run import slurm
 from runner.run.compose import CONFIG_DIR
