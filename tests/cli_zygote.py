@@ -26,7 +26,8 @@ import sys
 import tempfile
 import threading
 
-PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "hydra", "omegaconf", "datasets")
+# torch.utils.tensorboard: the default logger's writer, 0.17 s of each run's imports otherwise (boto3 among them).
+PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "hydra", "omegaconf", "datasets", "torch.utils.tensorboard")
 # Read when a run runs, not when a library is imported, so they may differ between the zygote and a run: pytest's
 # own, the tests' helpers' RUNNER_TEST_*, OpenMP's KMP_* (set in the tests' process by a library they import;
 # OpenMP reads them when its runtime starts, in the run: the zygote runs no torch operation), and TMPDIR (the
