@@ -1,5 +1,5 @@
-"""What the sinks share (metrics.jsonl rows, flattened hparams, the sweep's HParams session) and the console
-progress bar. The sinks themselves are in runner/training/loggers.py."""
+"""What the sinks share (metrics.jsonl rows, flattened hparams, the sweep's HParams session) and the console's
+progress (a bar on a terminal, timed lines elsewhere). The sinks themselves are in runner/training/loggers.py."""
 
 from __future__ import annotations
 
