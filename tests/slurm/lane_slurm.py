@@ -135,7 +135,9 @@ def same_weights(got: Path, want: Path, what: str) -> None:
 def part_a(work: Path, partition: str) -> None:
     """`srun -n 2 python -m runner hardware=multi_cpu`: one process group of 2, one run dir, the weights of
     `torchrun --nproc_per_node 2`; and `srun -n 2` of a one-process config refused, not trained twice."""
-    overrides = ["hardware=multi_cpu", "trainer.max_steps=40", *SMALL]
+    # With the progress shown, a line each step: the job's output is a file, so it gets lines, not a bar's redraws.
+    progress = [*(o for o in SMALL if not o.startswith("trainer.progress_bar")), "trainer.progress_every_s=0"]
+    overrides = ["hardware=multi_cpu", "trainer.max_steps=40", *progress]
     job = sbatch(work, "ranks.sbatch", overrides, [f"--partition={partition}", "--ntasks=2", "--cpus-per-task=1"])
     # In a folder of its own: it must not add a run dir next to the one checked below.
     refused_dir = work / "refused"
@@ -173,6 +175,12 @@ def part_a(work: Path, partition: str) -> None:
           f"srun -n 2: rank 0's log does not describe one group of 2 processes sharing the batch:\n{tail(log, 20)}")
     same_weights(run_dir / "export" / "final.safetensors", work / "torchrun" / "export" / "final.safetensors",
                  "srun -n 2 vs torchrun --nproc_per_node 2")
+    output = job_output(work, job)
+    steps = re.findall(r"train: step (\d+)/40 ", output)
+    check(steps == [str(step) for step in range(1, 41)] and "\r" not in output,
+          f"srun -n 2: expected rank 0's progress as one line a step (train: step 1/40 .. 40/40) and no carriage "
+          f"return in slurm-{job}.out, found steps {steps}:\n{tail(output)}")
+    say(f"part a: slurm-{job}.out has rank 0's progress as {len(steps)} lines, no carriage return")
 
     info = wait_job(refused_dir, refused, 120)
     output = job_output(refused_dir, refused)
