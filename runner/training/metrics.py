@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from runner.config import TrainerConfig
 from runner.ground import flatten_hparams
 
 log = logging.getLogger(__name__)
@@ -57,49 +58,31 @@ class Progress:
     """The run's progress over optimizer steps, with loss and samples/s, on the console of the process that shows
     it. On a terminal (or in a notebook), a tqdm bar. Where stderr is not a terminal (a batch job's log file,
     nohup, a pipe), a bar would add each of its redraws (about ten a second) to the file; there, one log line with
-    the same figures every `line_every_s` seconds instead. Nothing at all when disabled."""
+    the same figures every `line_every_s` seconds instead. Nothing at all when disabled. Which of the three is
+    decided once, here: each call below goes straight to it."""
 
-    def __init__(self, total: int, enabled: bool, line_every_s: float = 30.0, terminal: bool | None = None):
-        self._bar = self._lines = None
+    def __init__(self, total: int, enabled: bool, line_every_s: float = TrainerConfig.progress_every_s,
+                 terminal: bool | None = None):
         if not enabled:
-            return
-        if _draws_bars() if terminal is None else terminal:
-            from tqdm.auto import tqdm
-            from tqdm.contrib.logging import logging_redirect_tqdm
-
-            self._bar = tqdm(total=total, desc="train", unit="step", dynamic_ncols=True)
-            # Log lines go through tqdm.write while the bar is shown, so they do not tear the bar apart.
-            self._redirect = logging_redirect_tqdm()
-            self._redirect.__enter__()
+            self._shown = _Nothing()
+        elif _draws_bars() if terminal is None else terminal:
+            self._shown = _Bar(total)
         else:
-            self._lines = _ProgressLines(total, line_every_s)
+            self._shown = _Lines(total, line_every_s)
 
     def start(self, step: int) -> None:
         """The step the run starts from (a resumed run's): counted as done, not in the rate."""
-        if self._bar is not None:
-            self._bar.update(step)
-        elif self._lines is not None:
-            self._lines.start(step)
+        self._shown.start(step)
 
     def update(self, steps: int = 1) -> None:
-        if self._bar is not None:
-            self._bar.update(steps)
-        elif self._lines is not None:
-            self._lines.update(steps)
+        self._shown.update(steps)
 
     def show(self, metrics: dict[str, float]) -> None:
-        shown = {name: _short(value) for name, value in metrics.items()}
-        if self._bar is not None:
-            self._bar.set_postfix(shown, refresh=False)
-        elif self._lines is not None:
-            self._lines.shown = shown
+        self._shown.show({name: _short(value) for name, value in metrics.items()})
 
     def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-            self._redirect.__exit__(None, None, None)
-            self._bar = None
-        self._lines = None
+        self._shown.close()
+        self._shown = _Nothing()
 
 
 def _draws_bars() -> bool:
@@ -107,15 +90,52 @@ def _draws_bars() -> bool:
     return sys.stderr.isatty() or type(sys.stderr).__module__.startswith("ipykernel")
 
 
-class _ProgressLines:
+class _Nothing:
+    def start(self, step: int) -> None:
+        pass
+
+    def update(self, steps: int) -> None:
+        pass
+
+    def show(self, shown: dict[str, str]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class _Bar(_Nothing):
+    def __init__(self, total: int):
+        from tqdm.auto import tqdm
+        from tqdm.contrib.logging import logging_redirect_tqdm
+
+        self.bar = tqdm(total=total, desc="train", unit="step", dynamic_ncols=True)
+        # Log lines go through tqdm.write while the bar is shown, so they do not tear the bar apart.
+        self.redirect = logging_redirect_tqdm()
+        self.redirect.__enter__()
+
+    def start(self, step: int) -> None:
+        self.bar.update(step)
+
+    def update(self, steps: int) -> None:
+        self.bar.update(steps)
+
+    def show(self, shown: dict[str, str]) -> None:
+        self.bar.set_postfix(shown, refresh=False)
+
+    def close(self) -> None:
+        self.bar.close()
+        self.redirect.__exit__(None, None, None)
+
+
+class _Lines(_Nothing):
     """`train: step 1200/5000 (24%), loss=1.933, samples/s=5756, 2:31 elapsed, about 8:02 left`, logged at most
     every `every_s` seconds. One clock read per step."""
 
     def __init__(self, total: int, every_s: float):
         self.total, self.every_s = total, every_s
-        self.done = self.first = 0
         self.shown: dict[str, str] = {}
-        self.started = self.written = time.monotonic()
+        self.start(0)
 
     def start(self, step: int) -> None:
         self.done = self.first = step
@@ -127,6 +147,9 @@ class _ProgressLines:
         if now - self.written >= self.every_s:
             self.written = now
             log.info("%s", self.line(now - self.started))
+
+    def show(self, shown: dict[str, str]) -> None:
+        self.shown = shown
 
     def line(self, elapsed: float) -> str:
         share = f" ({100 * self.done // self.total}%)" if self.total else ""
