@@ -118,13 +118,13 @@ class Checkpointer:
     def state_dict(self) -> dict:
         return {"best": self.best}
 
-    def load_state_dict(self, state: dict, source: Path | None = None) -> None:
+    def load_state_dict(self, state: dict, source: Path) -> None:
         """`source`: the checkpoint the state came from. The best value, which decides when export/best is
         written, comes back only from one of this run dir's own checkpoints. A run continued in a new run dir
         (resume=<another run dir>, or a URL) exports the best of its own evaluations, as its summary and result.json
         (read from its own metrics.jsonl) report it; the other run's best weights stay in that run's export.
         Lightning's ModelCheckpoint does the same when its dirpath changes (it does not reload best_model_score)."""
-        if source is None or source.resolve().parent == self.directory.resolve():
+        if source.resolve().parent == self.directory.resolve():
             self.best = state.get("best")
         elif state.get("best") is not None:
             log.info("export/best: the run that wrote %s had its best %s at step %d (in its own export/); this run "
