@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +67,38 @@ def wait_for(predicate, what: str, timeout: float = WAIT_S, poll_s: float = 0.05
         if time.monotonic() > deadline:
             raise AssertionError(f"waited {timeout:.0f} s for {what}; it never happened")
         time.sleep(poll_s)
+
+
+class PipeReader:
+    """A process's stdout and stderr (each a pipe, or None) read in threads as it runs, so that a test can wait on
+    something else meanwhile: a pipe left unread fills at 64 KiB and stalls its writer. `text()` is what came so
+    far (for a failure message); `join()` all of it once the process has ended."""
+
+    def __init__(self, process: subprocess.Popen):
+        self.parts = {"stdout": [], "stderr": []}
+        self.threads = [threading.Thread(target=lambda stream=stream, part=part: part.extend(stream), daemon=True)
+                        for name, part in self.parts.items() if (stream := getattr(process, name)) is not None]
+        for thread in self.threads:
+            thread.start()
+
+    def text(self, last: int = 3000) -> str:
+        return "".join([*self.parts["stdout"], *self.parts["stderr"]])[-last:]
+
+    def join(self) -> tuple[str, str]:
+        for thread in self.threads:
+            thread.join(timeout=30)
+        return "".join(self.parts["stdout"]), "".join(self.parts["stderr"])
+
+
+def communicate_all(processes: list[subprocess.Popen], timeout: float = WAIT_S) -> list[tuple[int, str, str]]:
+    """(exit code, stdout, stderr) of processes that may wait on each other (the ranks or machines of one group),
+    all their pipes read while they run: waiting on one while another's unread pipe fills would stall that one, and
+    the whole group with it. `timeout` is for a stuck group, not a slow one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=len(processes)) as pool:
+        outputs = list(pool.map(lambda process: process.communicate(timeout=timeout), processes))
+    return [(process.returncode, out, err) for process, (out, err) in zip(processes, outputs)]
 
 
 @dataclass

@@ -13,13 +13,12 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, PipeReader
 
 pytest.importorskip("accelerate", reason="the test extra installs accelerate")
 psutil = pytest.importorskip("psutil", reason="accelerate requires psutil")
@@ -65,7 +64,7 @@ def run(name: str, accelerator: str, processes: int, directory: Path, *args: str
     with subprocess.Popen([sys.executable, *launch, str(path), "--cpu", "--record", str(record), *args],
                           cwd=directory, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True) as process:
-        output = Output(process)
+        output = PipeReader(process)
         recorded_at = None
         deadline = time.monotonic() + 600
         while process.poll() is None and time.monotonic() < deadline:
@@ -89,22 +88,6 @@ def run(name: str, accelerator: str, processes: int, directory: Path, *args: str
     recorded["losses"] = [json.loads(file.read_text()) for file in files[1:]]
     recorded["stdout"] = stdout
     return recorded
-
-
-class Output:
-    """A process's stdout and stderr read in threads as it runs (a pipe left unread would stall it)."""
-
-    def __init__(self, process: subprocess.Popen):
-        self.parts = {"stdout": [], "stderr": []}
-        self.threads = [threading.Thread(target=lambda stream=getattr(process, name), part=part: part.extend(stream),
-                                         daemon=True) for name, part in self.parts.items()]
-        for thread in self.threads:
-            thread.start()
-
-    def join(self) -> tuple[str, str]:
-        for thread in self.threads:
-            thread.join(timeout=30)
-        return "".join(self.parts["stdout"]), "".join(self.parts["stderr"])
 
 
 # On 2 processes only: the complete example below runs the same calls on 1 process (and checks that it learns).

@@ -18,7 +18,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from conftest import ROOT, run_cli, run_dirs_under
+from conftest import ROOT, communicate_all, run_cli, run_dirs_under
 
 SMALL = ("data.num_train=256", "data.num_validation=64", "trainer.batch_size=32", "trainer.max_steps=4",
          "trainer.log_every_steps=1", "trainer.progress_bar=false", "hardware.timeout_s=120",
@@ -48,7 +48,7 @@ def _nodes(commands: list[list[str]], envs: list[dict], cwd: Path) -> list[tuple
     started = [subprocess.Popen(command, cwd=cwd, env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                for command, env in zip(commands, envs)]
-    return [(process.wait(timeout=600), process.stdout.read()) for process in started]
+    return [(code, output) for code, output, _ in communicate_all(started)]
 
 
 def _weights(run_dir: Path) -> dict[str, torch.Tensor]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, read_jsonl, run_cli, run_dirs_under, wait_for
+from conftest import ROOT, communicate_all, read_jsonl, run_cli, run_dirs_under, wait_for
 from runner.launch.agent import _alive
 from runner.launch.launcher import script_failure, split_command
 from tolerances import reordered_sum_bound
@@ -132,7 +132,7 @@ def _srun(tasks: int, *overrides: str, cwd: Path) -> list[subprocess.CompletedPr
                  "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "localhost", "MASTER_PORT": str(port)}
         procs.append(subprocess.Popen([sys.executable, "-m", "runner", *overrides], cwd=cwd, env={**ENV, **slurm},
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    return [subprocess.CompletedProcess(p.args, p.wait(timeout=300), *p.communicate()) for p in procs]
+    return [subprocess.CompletedProcess(p.args, *finished) for p, finished in zip(procs, communicate_all(procs))]
 
 
 SMALL = ("data.num_train=256", "data.num_validation=64", "trainer.batch_size=32", "trainer.max_steps=2",

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from safetensors.torch import load_file
 
-from conftest import ROOT, WAIT_S, read_jsonl, read_scalars, run_cli, run_dirs_under, wait_for
+from conftest import ROOT, WAIT_S, communicate_all, read_jsonl, read_scalars, run_cli, run_dirs_under, wait_for
 from tolerances import reordered_sum_bound
 
 SMALL = ("data.num_validation=63", "trainer.progress_bar=false")  # 63: the ranks' eval shards differ in size
@@ -140,8 +140,7 @@ def test_two_runs_at_once_do_not_collide(tmp_path):
         (tmp_path / f"run{index}").mkdir()
         runs.append(subprocess.Popen(command, cwd=tmp_path / f"run{index}", stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True))
-    outputs = [(run.wait(timeout=600), run.stdout.read()) for run in runs]
-    for code, output in outputs:
+    for code, output, _ in communicate_all(runs):
         assert code == 0, output  # each group picked its own free rendezvous port
         assert "final val/loss=" in output
 
@@ -265,7 +264,8 @@ def _two_machines(tmp_path: Path, *extra_for_machine_1: str) -> list[tuple[int, 
                    "trainer.batch_size=32", "trainer.max_steps=2", *(extra_for_machine_1 if machine else ())]
         launchers.append((subprocess.Popen(command, cwd=cwd, env={**os.environ, "PYTHONUNBUFFERED": "1"},
                                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), cwd))
-    return [(launcher.wait(timeout=600), launcher.stdout.read(), cwd) for launcher, cwd in launchers]
+    finished = communicate_all([launcher for launcher, _ in launchers])
+    return [(code, output, cwd) for (code, output, _), (_, cwd) in zip(finished, launchers)]
 
 
 def _only_run_dir(cwd: Path) -> Path:

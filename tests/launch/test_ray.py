@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import ROOT, WAIT_S, run_cli
+from conftest import ROOT, WAIT_S, PipeReader, run_cli
 
 SMALL = ("hardware=multi_cpu", "data.num_train=256", "data.num_validation=64", "trainer.batch_size=32",
          "trainer.log_every_steps=1", "trainer.progress_bar=false", "hardware.threads_per_process=1")
@@ -56,18 +56,21 @@ def test_a_killed_ray_worker_is_restarted_exactly(tmp_path):
                "+model.hang_at_forward=6", f"+model.hang_marker={marker}", "hydra.run.dir=run"]
     driver = subprocess.Popen(command, cwd=cwd, env={**os.environ, "PYTHONUNBUFFERED": "1", **HELPERS_ENV},
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    printed = PipeReader(driver)
     try:
         deadline = time.monotonic() + WAIT_S
         while not marker.exists():
-            assert driver.poll() is None and time.monotonic() < deadline, "rank 1 never reached its 6th step"
+            assert driver.poll() is None and time.monotonic() < deadline, \
+                f"rank 1 never reached its 6th step; the driver printed:\n{printed.text()}"
             time.sleep(0.2)
         rank1 = (cwd / "run" / "runner_rank1.log").read_text()
         pid = int(re.findall(r"rank 1 of 2 \(local rank 1\), pid (\d+)", rank1)[-1])
         os.kill(pid, signal.SIGKILL)
-        output, _ = driver.communicate(timeout=WAIT_S)
+        driver.wait(timeout=WAIT_S)
     finally:
         if driver.poll() is None:
             driver.kill()
+    output, _ = printed.join()
     assert driver.returncode == 0, output
     assert "launching 2 Ray Train worker(s)" in output
     assert re.search(r"final val/loss=[\d.]+, val/accuracy=[\d.]+ \| run dir", output), output[-3000:]
