@@ -15,8 +15,8 @@
 #
 # The last line is the verdict: "XLA lane PASSED", "XLA lane FAILED: ..." (exit 1) or "XLA lane SKIPPED: <why>"
 # (exit 0) when the wheels cannot be installed. The venv is $RUNNER_XLA_VENV (default /tmp/runner-xla-venv), kept
-# and reused while torch_xla imports in it; the runs' outputs go to a fresh `mktemp -d`, removed when the lane
-# passed and kept (its path printed) otherwise.
+# and reused while torch_xla imports in it (the project is installed into it afresh on every run); the runs' outputs
+# go to a fresh `mktemp -d`, removed when the lane passed and kept (its path printed) otherwise.
 set -uo pipefail
 
 cd "$(dirname "$0")/../.."
@@ -42,20 +42,31 @@ finish() {
 trap finish EXIT
 
 echo "[xla lane] start: $(load)"
-if ! "$venv/bin/python" -c "import torch_xla, runner" 2>/dev/null; then
+# The venv keeps the wheels (torch with its CUDA libraries and torch_xla, 8 GB) between runs, never the project: an
+# editable install points at the checkout that made it, which may since be gone or at another commit, and `import
+# runner` from the repo root would hide that (the current directory comes first on sys.path). So the project is
+# installed on every run, and checked from outside the checkout.
+if ! "$venv/bin/python" -c "import torch_xla" 2>/dev/null; then
   step=$SECONDS
   install_log="$(mktemp -t runner-xla-install-XXXX.log)"
-  echo "[xla lane] installing $versions and the project (.[test]) into $venv (log: $install_log)"
+  echo "[xla lane] installing $versions into $venv (log: $install_log)"
   rm -rf "$venv"
   python3 -m venv "$venv" >"$install_log" 2>&1 || skip "python3 -m venv $venv failed (see $install_log)"
   "$venv/bin/pip" install $versions >>"$install_log" 2>&1 \
     || skip "pip could not install $versions: $(grep -m1 -E 'ERROR' "$install_log" || tail -1 "$install_log")"
-  "$venv/bin/pip" install -e ".[test]" >>"$install_log" 2>&1 \
-    || fail "the project does not install beside $versions: $(grep -m1 ERROR "$install_log")"
   "$venv/bin/python" -c "import torch_xla" >>"$install_log" 2>&1 \
     || skip "torch_xla installed but does not import here: $(tail -1 "$install_log")"
-  echo "[xla lane] install: $(( SECONDS - step )) s"
+  echo "[xla lane] install $versions: $(( SECONDS - step )) s"
 fi
+step=$SECONDS
+install_log="$(mktemp -t runner-xla-install-XXXX.log)"
+"$venv/bin/pip" install -e ".[test]" >"$install_log" 2>&1 \
+  || fail "the project does not install beside $versions: $(grep -m1 ERROR "$install_log" || tail -1 "$install_log")"
+installed="$(cd / && "$venv/bin/python" -c 'import runner; print(runner.__file__)' 2>&1)"
+[[ "$installed" == "$PWD/runner/__init__.py" ]] \
+  || fail "after \`pip install -e .\` the venv's runner is '$installed', not this checkout's $PWD/runner/__init__.py"
+rm -f "$install_log"
+echo "[xla lane] install the project (.[test], editable): $(( SECONDS - step )) s"
 export PJRT_DEVICE=CPU
 echo "[xla lane] $("$venv/bin/python" -c 'import torch, torch_xla; print("torch", torch.__version__, "torch_xla", torch_xla.__version__)')"
 
