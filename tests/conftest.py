@@ -24,8 +24,8 @@ TINY = ("data.num_train=256", "data.num_validation=64", "trainer.batch_size=32",
 
 # The files that take longest (module fixtures that launch many processes, 2-process runs), longest first as a full
 # run measured them (--durations=0, summed per file; 2026-12-07, 779 tests). They run
-# first: with `-n 2 --dist loadfile` each file runs whole on one worker, and the suite ends when the busier worker
-# does, so a slow file handed out last would leave the other worker idle for minutes. xdist's own order (most tests
+# first: with `-n 3 --dist loadfile` each file runs whole on one worker, and the suite ends when the busiest worker
+# does, so a slow file handed out last would leave the other workers idle for minutes. xdist's own order (most tests
 # first) is switched off in pyproject.toml (--no-loadscope-reorder) so that this one holds; every other file follows
 # in collection order.
 SLOW_FILES = ("test_nlp_examples.py", "test_benchmarks.py", "test_multiprocess_cli.py", "test_ray.py", "test_resume.py",
