@@ -46,6 +46,9 @@ echo "[xla lane] start: $(load)"
 # editable install points at the checkout that made it, which may since be gone or at another commit, and `import
 # runner` from the repo root would hide that (the current directory comes first on sys.path). So the project is
 # installed on every run, and checked from outside the checkout.
+# One lane at a time per venv: two checkouts' lanes would install each its own project into it under the other.
+mkdir -p "$(dirname "$venv")" && exec 9>"$venv.lock"
+flock -n 9 || { echo "[xla lane] waiting for the lane already using $venv"; flock 9; }
 if ! "$venv/bin/python" -c "import torch_xla" 2>/dev/null; then
   step=$SECONDS
   install_log="$(mktemp -t runner-xla-install-XXXX.log)"
