@@ -95,11 +95,17 @@ class PipeReader:
 def communicate_all(processes: list[subprocess.Popen], timeout: float = WAIT_S) -> list[tuple[int, str, str]]:
     """(exit code, stdout, stderr) of processes that may wait on each other (the ranks or machines of one group),
     all their pipes read while they run: waiting on one while another's unread pipe fills would stall that one, and
-    the whole group with it. `timeout` is for a stuck group, not a slow one."""
+    the whole group with it. `timeout` is for a stuck group, not a slow one: past it the processes are killed (not
+    their children), so that they do not hold their ports for the rest of the suite."""
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(max_workers=len(processes)) as pool:
-        outputs = list(pool.map(lambda process: process.communicate(timeout=timeout), processes))
+    try:
+        with ThreadPoolExecutor(max_workers=len(processes)) as pool:
+            outputs = list(pool.map(lambda process: process.communicate(timeout=timeout), processes))
+    except BaseException:
+        for process in processes:
+            process.kill()
+        raise
     return [(process.returncode, out, err) for process, (out, err) in zip(processes, outputs)]
 
 
