@@ -45,13 +45,14 @@ echo "[xla lane] start: $(load)"
 # The venv keeps the wheels (torch with its CUDA libraries and torch_xla, 8 GB) between runs, never the project: an
 # editable install points at the checkout that made it, which may since be gone or at another commit, and `import
 # runner` from the repo root would hide that (the current directory comes first on sys.path). So the project is
-# installed on every run, and checked from outside the checkout.
+# installed on every run, and checked from outside the checkout; with $versions in the same `pip install`, so that
+# nothing the project asks for can move torch from under torch_xla (whose wheel does not pin it).
 # One lane at a time per venv: two checkouts' lanes would install each its own project into it under the other.
 mkdir -p "$(dirname "$venv")" && exec 9>"$venv.lock"
 flock -n 9 || { echo "[xla lane] waiting for the lane already using $venv"; flock 9; }
+install_log="$(mktemp -t runner-xla-install-XXXX.log)"
 if ! "$venv/bin/python" -c "import torch_xla" 2>/dev/null; then
   step=$SECONDS
-  install_log="$(mktemp -t runner-xla-install-XXXX.log)"
   echo "[xla lane] installing $versions into $venv (log: $install_log)"
   rm -rf "$venv"
   python3 -m venv "$venv" >"$install_log" 2>&1 || skip "python3 -m venv $venv failed (see $install_log)"
@@ -62,8 +63,7 @@ if ! "$venv/bin/python" -c "import torch_xla" 2>/dev/null; then
   echo "[xla lane] install $versions: $(( SECONDS - step )) s"
 fi
 step=$SECONDS
-install_log="$(mktemp -t runner-xla-install-XXXX.log)"
-"$venv/bin/pip" install -e ".[test]" >"$install_log" 2>&1 \
+"$venv/bin/pip" install -e ".[test]" $versions >>"$install_log" 2>&1 \
   || fail "the project does not install beside $versions: $(grep -m1 ERROR "$install_log" || tail -1 "$install_log")"
 installed="$(cd / && "$venv/bin/python" -c 'import runner; print(runner.__file__)' 2>&1)"
 [[ "$installed" == "$PWD/runner/__init__.py" ]] \
