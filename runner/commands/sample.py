@@ -7,6 +7,10 @@ A run dir samples from export/final.safetensors (or, before the run has finished
 checkpoint dir (checkpoints/step_N) or an exported file (export/best.safetensors) from exactly those weights. The
 model is rebuilt from the config saved beside the weights, and the tokenizer read from <run dir>/tokenizer. Ids the
 tokenizer does not have, and its special ids, are never drawn, so the text uses only the tokenizer's vocabulary.
+
+A run dir is data, like a checkpoint, and may come from someone else: the model's `_target_` in its config must sit
+under the prefixes this command allows (the schema's default allowed_targets, or `allowed_targets=[...]` given here),
+never under the ones that config lists for itself.
 """
 
 from __future__ import annotations
@@ -21,7 +25,13 @@ import torch
 from runner.errors import ConfigError, RunnerError, exit_with
 
 USAGE = ('usage: python -m runner sample <run dir | checkpoint dir | .safetensors file> [prompt="..."] '
-         "[max_new_tokens=200] [temperature=0.8] [top_k=200] [num_samples=1] [seed=0]")
+         "[max_new_tokens=200] [temperature=0.8] [top_k=200] [num_samples=1] [seed=0] [allowed_targets=[runner.,...]]")
+
+
+def default_allowed_targets() -> list[str]:
+    from runner.config.schema import RunConfig
+
+    return RunConfig().allowed_targets
 
 
 @dataclass
@@ -35,6 +45,8 @@ class SampleSettings:
     """Draw only among the k most likely tokens (None or 0: all of them)."""
     num_samples: int = 1
     seed: int = 0
+    allowed_targets: Optional[list] = None
+    """Module prefixes the model's `_target_` may come from (None: the schema's default allowed_targets)."""
 
 
 def parse(argv: list[str]) -> tuple[Path, SampleSettings]:
@@ -51,6 +63,8 @@ def parse(argv: list[str]) -> tuple[Path, SampleSettings]:
                 parsed = value.encode().decode("unicode_escape")  # prompt="\n" means a newline
             elif key == "top_k" and value.lower() in ("none", "null", "0"):
                 parsed = None
+            elif key == "allowed_targets":
+                parsed = [prefix.strip() for prefix in value.strip("[]").split(",") if prefix.strip()]
             else:
                 parsed = (int if key in ("max_new_tokens", "top_k", "num_samples", "seed") else float)(value)
         except ValueError:
@@ -75,15 +89,25 @@ def locate(path: Path) -> tuple[Path, Path, Path]:
                       "checkpoints/step_N dir or a .safetensors file")
 
 
-def load_model(weights: Path, config_file: Path) -> torch.nn.Module:
+def load_model(weights: Path, config_file: Path, allowed_targets: list[str] | None = None) -> torch.nn.Module:
+    """The model of `config_file`, built when its targets sit under `allowed_targets` (None: the schema's default),
+    never under the allowed_targets that file lists: a config read from a run dir may not widen what runs."""
     from safetensors.torch import load_model as load_weights
 
-    from runner.config.instantiate import build_model, target_problems
+    from runner.config.instantiate import build_model, target_problems, targets_outside
 
     from runner.training.checkpointer import read_config
 
+    allowed = default_allowed_targets() if allowed_targets is None else allowed_targets
     config = read_config(config_file)
-    problems = target_problems({"model": config["model"]}, config["allowed_targets"])
+    outside = targets_outside("model", config["model"], allowed)
+    if outside:
+        key, target = outside[0]
+        raise ConfigError("allowed_targets", (
+            f"{key} in {config_file} is '{target}', outside the prefixes `runner sample` allows "
+            f"({', '.join(allowed)}); a run dir's own allowed_targets cannot widen them. If you trust that code, "
+            f"allow its package here: runner sample ... allowed_targets=[{','.join(allowed)},{target.split('.')[0]}.]"))
+    problems = target_problems({"model": config["model"]}, allowed)
     if problems:
         raise ConfigError(problems)
     model = build_model(config["model"])
@@ -123,7 +147,7 @@ def sample(path: Path, settings: SampleSettings) -> list[str]:
     from runner.data.tokenizers import load_tokenizer
 
     weights, config_file, run_dir = locate(path)
-    model = load_model(weights, config_file)
+    model = load_model(weights, config_file, settings.allowed_targets)
     tokenizer = load_tokenizer(run_dir / "tokenizer")
     vocab = model(torch.zeros(1, 1, dtype=torch.long))
     allowed = torch.zeros(getattr(vocab, "logits", vocab).shape[-1], dtype=torch.bool)

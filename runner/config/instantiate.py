@@ -33,8 +33,13 @@ REFUSED_TARGETS = (
     "torch.ops.load_library", "torch.classes.load_library", "torch.distributed.rpc", "torch.jit.load",
     "torch.serialization.load", "torch._C", "torch._dynamo", "torch._inductor", "hydra.utils", "builtins", "os.",
     "subprocess", "sys.", "importlib", "runpy", "pickle", "shutil", "code.", "ctypes",
+    # Where the callables above live under their own names (os.system is posix.system, pickle.loads _pickle.loads):
+    # a target is also judged by what it resolves to, so that a path through another module's namespace
+    # (torch.functional.os.system) is no way around this list.
+    "posix", "nt.", "_pickle", "_ctypes", "_posixsubprocess", "marshal", "pty",
 )
-LOADS_PICKLES = ("torch.load",)  # allowed only with weights_only: true (no code runs while loading)
+# Allowed only with weights_only: true (no code runs while loading), whatever path names it.
+LOADS_PICKLES = ("torch.load", "torch.serialization.load")
 
 
 def target_problems(nodes: dict[str, Any], allowed_prefixes: list[str]) -> list[Problem]:
@@ -52,6 +57,12 @@ def target_problems(nodes: dict[str, Any], allowed_prefixes: list[str]) -> list[
     return problems
 
 
+def targets_outside(key: str, node: Any, allowed_prefixes: list[str]) -> list[tuple[str, str]]:
+    """(key path, target) of each `_target_` in `node`, at any depth, that is under none of `allowed_prefixes`."""
+    return [(f"{path}._target_", str(nested["_target_"])) for path, nested in _target_nodes(node, key)
+            if not any(str(nested["_target_"]).startswith(prefix) for prefix in allowed_prefixes)]
+
+
 def _target_nodes(node: Any, path: str) -> Iterator[tuple[str, dict]]:
     """(key path, node) of every dict holding a `_target_`, outermost first."""
     if isinstance(node, dict):
@@ -67,13 +78,8 @@ def _target_nodes(node: Any, path: str) -> Iterator[tuple[str, dict]]:
 def _one_target_problems(path: str, node: dict, allowed_prefixes: list[str]) -> list[Problem]:
     target = str(node["_target_"])
     key = f"{path}._target_"
-    if any(target == refused.rstrip(".") or target.startswith(refused if refused.endswith(".") else refused + ".")
-           or target == refused for refused in REFUSED_TARGETS):
-        return [Problem(key, f"'{target}' runs arbitrary code or commands and is refused as a target, whatever "
-                             "allowed_targets says; build what you need in your own package and name that")]
-    if target in LOADS_PICKLES and node.get("weights_only") is not True:
-        return [Problem(key, f"'{target}' without weights_only: true can run code hidden in the file; set "
-                             f"{path}.weights_only=true")]
+    if _is_refused(target) and target not in LOADS_PICKLES:
+        return [_refused(key, target)]
     if node.get("trust_remote_code") is True:
         return [Problem(f"{path}.trust_remote_code", "is true: that runs code downloaded with the model or dataset, "
                                                       "which a recipe may not ask for; set it to false")]
@@ -81,12 +87,36 @@ def _one_target_problems(path: str, node: dict, allowed_prefixes: list[str]) -> 
         return [Problem(key, f"'{target}' is not under an allowed module prefix ({', '.join(allowed_prefixes)}); "
                              f"add its package to allowed_targets, e.g. allowed_targets='[{', '.join(allowed_prefixes)}, "
                              f"{target.split('.')[0]}.]'")]
-    reason = _import_problem(target)
-    return [Problem(key, f"cannot import '{target}': {reason}")] if reason else []
+    reason, names = _resolve(target)
+    if reason:
+        return [Problem(key, f"cannot import '{target}': {reason}")]
+    # What the path resolved to, under its own names: the modules it passed through and the object's home.
+    if target in LOADS_PICKLES or any(name in LOADS_PICKLES for name in names):
+        if node.get("weights_only") is not True:
+            alias = "" if target == "torch.load" else " (that is torch.load)"
+            return [Problem(key, f"'{target}'{alias} without weights_only: true can run code hidden in the file; set "
+                                 f"{path}.weights_only=true")]
+        return []
+    refused = next((name for name in names if _is_refused(name)), None)
+    if refused:
+        return [_refused(key, target, refused)]
+    return []
 
 
-def _import_problem(path: str) -> str | None:
-    """Why `path` (package.module.attribute) cannot be imported, or None when it can."""
+def _is_refused(name: str) -> bool:
+    return any(name == refused.rstrip(".") or name.startswith(refused if refused.endswith(".") else refused + ".")
+               for refused in REFUSED_TARGETS)
+
+
+def _refused(key: str, target: str, resolved: str | None = None) -> Problem:
+    what = f"'{target}'" if resolved is None or resolved == target else f"'{target}' (that is {resolved})"
+    return Problem(key, f"{what} runs arbitrary code or commands and is refused as a target, whatever "
+                        "allowed_targets says; build what you need in your own package and name that")
+
+
+def _resolve(path: str) -> tuple[str | None, list[str]]:
+    """(why `path` (package.module.attribute) cannot be imported, or None; the names of what it resolved to: each
+    module it passed through by its own name, and the object's home, module.qualname)."""
     parts = path.split(".")
     for split in range(len(parts), 0, -1):
         module_name = ".".join(parts[:split])
@@ -95,15 +125,23 @@ def _import_problem(path: str) -> str | None:
         except ModuleNotFoundError as err:
             if err.name and module_name.startswith(err.name):
                 continue  # this prefix is not a module; try a shorter one
-            return f"importing {module_name} failed ({err})"
+            return f"importing {module_name} failed ({err})", []
         except Exception as err:  # the module exists but raises on import
-            return f"importing {module_name} failed ({type(err).__name__}: {err})"
+            return f"importing {module_name} failed ({type(err).__name__}: {err})", []
+        names = [module_name]
         for depth, attribute in enumerate(parts[split:], start=split):
             if not hasattr(obj, attribute):
-                return f"{'.'.join(parts[:depth])} has no attribute '{attribute}'"
+                return f"{'.'.join(parts[:depth])} has no attribute '{attribute}'", []
             obj = getattr(obj, attribute)
-        return None
-    return f"no module named '{parts[0]}'"
+            if inspect.ismodule(obj):
+                names.append(obj.__name__)
+        home, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+        # torch's C types (torch.Generator is torch._C.Generator) are public under torch.: torch._C is refused as a
+        # path, for its private functions, not as the home of a public name.
+        if isinstance(home, str) and isinstance(qualname, str) and not home.startswith("torch._C"):
+            names.append(f"{home}.{qualname}")
+        return None, names
+    return f"no module named '{parts[0]}'", []
 
 
 def instantiate(key: str, node: dict[str, Any], *args, **kwargs) -> Any:

@@ -117,3 +117,58 @@ def test_python_tag_in_config_yaml_runs_nothing(tmp_path):
     with pytest.raises(CheckpointError, match=expected):
         load_model(config.parent / "model.safetensors", config)
     assert not marker.exists()
+
+
+class RunsWhenUnpickled:
+    """A pickle that leaves a marker file when it is loaded without weights_only."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _run_dir_config(tmp_path, model: dict, allowed_targets: list[str]):
+    """The config.yaml a run dir (someone else's, perhaps) holds beside its weights."""
+    import yaml
+
+    config = tmp_path / "run" / "export" / "config.yaml"
+    config.parent.mkdir(parents=True)
+    config.write_text(yaml.safe_dump({"model": model, "allowed_targets": allowed_targets}))
+    return config
+
+
+def test_a_run_dirs_config_cannot_widen_what_sample_builds(tmp_path):
+    """`runner sample` builds the model a run dir's config names only under the prefixes the command allows: the
+    config's own allowed_targets is data, and it does not widen them."""
+    from runner.commands.sample import load_model, parse
+    from runner.errors import ConfigError
+
+    (tmp_path / "evilpkg.py").write_text(f"open({str(tmp_path / 'imported')!r}, 'w')\nclass Model: pass\n")
+    config = _run_dir_config(tmp_path, {"_target_": "evilpkg.Model"}, ["runner.", "torch.", "evilpkg."])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(tmp_path))
+        with pytest.raises(ConfigError, match=r"allowed_targets: model._target_ in .*config.yaml is 'evilpkg.Model', "
+                                              r"outside the prefixes `runner sample` allows \(runner., torch., .*\); "
+                                              r"a run dir's own allowed_targets cannot widen them.*"
+                                              r"allowed_targets=\[runner.,torch.,.*,evilpkg.\]"):
+            load_model(config.parent / "final.safetensors", config)
+    assert not (tmp_path / "imported").exists()
+    # Allowed on the command line, the user's own package builds (and the weights are what is missing here).
+    _, settings = parse(["run", "allowed_targets=[runner.,evilpkg.]"])
+    assert settings.allowed_targets == ["runner.", "evilpkg."]
+
+
+def test_sample_refuses_torch_load_by_another_path_and_runs_nothing(tmp_path):
+    """torch.load without weights_only, named through another module's namespace, is refused before it runs."""
+    from runner.commands.sample import load_model
+    from runner.errors import ConfigError
+
+    marker, payload = tmp_path / "ran", tmp_path / "evil.pt"
+    torch.save(RunsWhenUnpickled(marker), payload)
+    model = {"_target_": "torch.functional.torch.load", "f": str(payload), "weights_only": False}
+    config = _run_dir_config(tmp_path, model, ["runner.", "torch."])
+    with pytest.raises(ConfigError, match=r"'torch.functional.torch.load' \(that is torch.load\) without weights_only"):
+        load_model(config.parent / "final.safetensors", config)
+    assert not marker.exists()

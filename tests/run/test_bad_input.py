@@ -89,6 +89,13 @@ CASES = [
     ("nested target", ["+model.block={_target_: os.system, command: id}"], "model.block._target_", "runs arbitrary"),
     ("torch.load without weights_only", ["+model.block={_target_: torch.load, f: x.pt}"], "model.block._target_",
      "weights_only: true"),
+    # A path through another module's namespace is judged by what it resolves to.
+    ("torch.load by another path", ["+model.block={_target_: torch.functional.torch.load, f: x.pt}"],
+     "model.block._target_", "(that is torch.load) without weights_only: true"),
+    ("pickle by another path", ["+model.block={_target_: torch.serialization.pickle.loads, data: x}"],
+     "model.block._target_", "(that is pickle) runs arbitrary code"),
+    ("importlib by an allowed prefix", ["+model.block={_target_: runner.config.instantiate.importlib.import_module, "
+                                        "name: x}"], "model.block._target_", "(that is importlib) runs arbitrary code"),
     ("trust_remote_code", ["+model.block={_target_: torch.nn.Linear, trust_remote_code: true}"],
      "model.block.trust_remote_code", "runs code downloaded"),
     ("hydra callback target", ["+hydra.callbacks.evil._target_=torch.utils.collect_env.run"],
