@@ -407,9 +407,13 @@ def restore(path: Path, model: nn.Module, optimizer=None, scheduler=None, scaler
     if manifest["world_size"] != world_size:
         refuse_inexact_resume(path, world_size, manifest.get("global_batch") if global_batch is None else global_batch)
         refuse_per_process_layers(model, path, manifest["world_size"], world_size)
+    changed: list[str] = []
     if resolved is not None and manifest["config_hash"] != config_hash(resolved):
         same_batch = global_batch is not None and manifest.get("global_batch") == global_batch
-        _warn_config_changes(path, resolved, same_batch)
+        changed = _warn_config_changes(path, resolved, same_batch)
+    # The hyperparameters this run's config gave the optimizer, before the checkpoint's state replaces them.
+    configured = [{key: value for key, value in group.items() if key != "params"}
+                  for group in unwrap_optimizer(optimizer).param_groups] if optimizer is not None else []
     layout = files.layout_of(manifest)
     if layout is Layout.dcp:
         entries = {"model": (model, None)}
@@ -431,6 +435,9 @@ def restore(path: Path, model: nn.Module, optimizer=None, scheduler=None, scaler
                 obj.load_state_dict(state[key])
             except (ValueError, KeyError, RuntimeError) as err:
                 raise CheckpointError(f"resume: the {key} state in {path} does not fit this run's {key}: {err}") from err
+    if any(key.startswith(("optimizer.", "scheduler.")) for key in changed):
+        apply_changed_hyperparameters(unwrap_optimizer(optimizer), getattr(scheduler, "scheduler", scheduler),
+                                      configured)
     state["manifest"] = manifest
     state["this_rank"] = this_rank(state["per_rank"], rank, world_size)
     return state
@@ -504,7 +511,8 @@ EXECUTION_KEYS = ("hardware.", "gpu_ids", "trainer.micro_batch_size", "trainer.g
                   "trainer.per_device_batch_size", "checkpoint.dir")
 
 
-def _warn_config_changes(path: Path, resolved: dict, same_batch: bool) -> None:
+def _warn_config_changes(path: Path, resolved: dict, same_batch: bool) -> list[str]:
+    """Warn that the config differs from the checkpoint's, naming the keys; returns them."""
     try:
         saved = read_config(path / CONFIG_FILE)
     except OSError:
@@ -514,9 +522,40 @@ def _warn_config_changes(path: Path, resolved: dict, same_batch: bool) -> None:
     if same_batch:
         changed = [key for key in changed if not key.startswith(EXECUTION_KEYS)]
         if not changed:
-            return
+            return []
     log.warning("resume: the config differs from the one that wrote %s (%s); the run continues with the new "
                 "values and is no longer an exact continuation", path, ", ".join(changed) or "formatting only")
+    return changed
+
+
+def apply_changed_hyperparameters(optimizer, scheduler, configured: list[dict]) -> None:
+    """After a resume whose config changed the optimizer or schedule, put this config's hyperparameters back into
+    the optimizer the checkpoint's state overwrote (a lowered learning rate, the usual remedy for a NaN, would
+    otherwise be the old one). The learning rate keeps its place in the schedule: the new base learning rate times
+    the schedule's factor at the step reached (a LambdaLR's own factor, which a changed schedule changes too;
+    another schedule's current rate scaled by new base / old base). `configured`: the param groups' values, less
+    their params, as this run built them."""
+    from torch.optim.lr_scheduler import LambdaLR
+
+    for index, (group, fresh) in enumerate(zip(optimizer.param_groups, configured)):
+        for key, value in fresh.items():
+            if key not in ("lr", "initial_lr"):
+                group[key] = value
+        if "initial_lr" not in group or "initial_lr" not in fresh:  # no schedule: the configured rate as is
+            group["lr"] = fresh["lr"]
+            continue
+        old_base, new_base = group["initial_lr"], fresh["initial_lr"]
+        group["initial_lr"] = new_base
+        if scheduler is not None and index < len(getattr(scheduler, "base_lrs", [])):
+            scheduler.base_lrs[index] = new_base
+        if isinstance(scheduler, LambdaLR):
+            group["lr"] = new_base * scheduler.lr_lambdas[index](scheduler.last_epoch)
+        elif old_base:
+            group["lr"] = group["lr"] * new_base / old_base
+    if scheduler is not None and hasattr(scheduler, "_last_lr"):
+        scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+    log.info("resume: the optimizer continues with this config's hyperparameters (learning rate %s)",
+             ", ".join(f"{group['lr']:.6g}" for group in optimizer.param_groups))
 
 
 def apply_rng(state: dict) -> None:

@@ -402,3 +402,59 @@ def test_sharded_layout_keeps_every_guarantee(tmp_path):
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
     assert "__0_0.distcp" in damage(path)
+
+
+def _scheduled(lr: float, weight_decay: float):
+    from runner.schedules import warmup_cosine
+
+    torch.manual_seed(0)
+    model = MLP(4, 3, hidden=[8])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    return model, optimizer, warmup_cosine(optimizer, total_steps=10, warmup_steps=2)
+
+
+def test_a_resume_with_a_changed_optimizer_config_uses_it(tmp_path):
+    """A resume whose config lowers the learning rate (the remedy for a NaN) or changes another optimizer setting
+    trains with the new values, at the same place in the schedule; with the config unchanged the checkpoint's
+    values come back bit for bit. The optimizer's moments are the checkpoint's either way."""
+    written = {**RESOLVED, "optimizer": {"lr": 0.5, "weight_decay": 0.01}}
+    model, optimizer, scheduler = _scheduled(0.5, 0.01)
+    for _ in range(4):
+        model(torch.randn(5, 4)).sum().backward()
+        optimizer.step()
+        scheduler.step()
+    checkpointer = checkpointer_in(tmp_path)
+    checkpointer.resolved = written
+    path = checkpointer.save(model, {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                                     "loop": {"step": 4}}, {"step": 4, "epoch": 0, "batch_in_epoch": 4}, {})
+    checkpointer.wait()
+    same = _scheduled(0.5, 0.01)
+    restore(path, *same, resolved=written)
+    assert same[1].param_groups[0]["lr"] == optimizer.param_groups[0]["lr"]
+
+    model2, optimizer2, scheduler2 = _scheduled(0.001, 0.1)
+    restore(path, model2, optimizer2, scheduler2, resolved={**written, "optimizer": {"lr": 0.001, "weight_decay": 0.1}})
+    group = optimizer2.param_groups[0]
+    assert group["lr"] == pytest.approx(optimizer.param_groups[0]["lr"] * 0.001 / 0.5)
+    assert (group["initial_lr"], group["weight_decay"], scheduler2.base_lrs) == (0.001, 0.1, [0.001])
+    assert scheduler2.get_last_lr() == [group["lr"]]
+    assert torch.equal(optimizer2.state_dict()["state"][0]["exp_avg"], optimizer.state_dict()["state"][0]["exp_avg"])
+    scheduler.step(), scheduler2.step()  # the schedule goes on from the new base
+    assert group["lr"] == pytest.approx(optimizer.param_groups[0]["lr"] * 0.001 / 0.5)
+
+
+def test_a_run_resumed_with_a_lower_learning_rate_trains_with_it(tmp_path, capsys):
+    """Through the CLI, as troubleshooting.md advises after a NaN: the resumed steps log and use the new rate."""
+    from conftest import TINY, read_jsonl, run_in_process
+
+    run = (*TINY, "scheduler=none", "optimizer=sgd", "trainer.max_steps=6", "checkpoint.every_n_steps=3",
+           "trainer.log_every_steps=1")
+    first = run_in_process(*run, "optimizer.lr=0.5", "hydra.run.dir=first", cwd=tmp_path, capsys=capsys)
+    assert first.returncode == 0, first.output
+    resumed = run_in_process(*run, "optimizer.lr=0.001", "resume=first/checkpoints/step_00000003",
+                             "hydra.run.dir=resumed", cwd=tmp_path, capsys=capsys)
+    assert resumed.returncode == 0, resumed.output
+    assert "the optimizer continues with this config's hyperparameters (learning rate 0.001)" in resumed.output
+    rates = {row["step"]: row["train/lr"] for row in read_jsonl(tmp_path / "resumed" / "metrics.jsonl")
+             if "train/lr" in row}
+    assert rates == {4: 0.001, 5: 0.001, 6: 0.001}
