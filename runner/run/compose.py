@@ -169,6 +169,9 @@ def resolve(cfg: DictConfig) -> RunSpec:
 
 def freeze(cfg: DictConfig, run_dir: Path) -> RunSpec:
     """Resolve every interpolation once, here, and hand workers plain typed objects (never a DictConfig)."""
+    added = [Problem(*unknown) for unknown in keys_outside_the_schema(cfg)]
+    if added:
+        raise ConfigError(added)
     try:
         config = OmegaConf.to_object(cfg)
     except MissingMandatoryValue as err:
@@ -179,6 +182,35 @@ def freeze(cfg: DictConfig, run_dir: Path) -> RunSpec:
         raise ConfigError(getattr(err, "full_key", None) or "config", message) from None
     assert isinstance(config, RunConfig)
     return RunSpec(config=config, run_dir=str(run_dir))
+
+
+def keys_outside_the_schema(node: DictConfig, path: str = "") -> list[tuple[str, str]]:
+    """(key, message) for each key of a schema-typed section (trainer, checkpoint, ...) that its dataclass does not
+    have. The schema refuses a misspelled key, but Hydra adds one given with `+` (as its own error advises), and
+    nothing would read it: `+trainer.max_step=5` would train the recipe's max_steps without a word. Free-form
+    sections (model, data, callbacks: a target's arguments) are not checked here; their targets refuse what they do
+    not take."""
+    from dataclasses import fields, is_dataclass
+    from difflib import get_close_matches
+
+    schema = OmegaConf.get_type(node)
+    if not is_dataclass(schema):
+        return []
+    names = [field.name for field in fields(schema)]
+    found = []
+    for key in node.keys():
+        if key not in names:
+            if not path and key == "hydra":  # Hydra's own section, beside the run's config
+                continue
+            close = get_close_matches(str(key), names, n=1)
+            hint = f"did you mean {path}{close[0]}? " if close else ""
+            found.append((f"{path}{key}", f"is not a setting{f' of {path[:-1]}' if path else ''}, so nothing would "
+                                          f"read it; {hint}the settings are {', '.join(names)}"))
+            continue
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
+            found += keys_outside_the_schema(child, f"{path}{key}.")
+    return found
 
 
 def _write_config(run_dir: Path, resolved: dict, resume_from: Path | None) -> None:

@@ -80,6 +80,10 @@ CASES = [
     ("fp8 without a GPU", ["precision=fp8"], "precision.fp8_emulation", "compute capability >= 8.9"),
     ("a GPU run without CUDA", ["hardware=gpu"], "hardware", "gpu needs a CUDA GPU"),
     ("resume from nowhere", ["resume=/no/such/run"], "resume", "neither a checkpoint nor a directory"),
+    # A key added with `+` (as Hydra's own error advises) that no setting reads.
+    ("a misspelled setting added with +", ["+trainer.max_step=5"], "trainer.max_step",
+     "is not a setting of trainer, so nothing would read it; did you mean trainer.max_steps?"),
+    ("an unknown top-level key added with +", ["+seed2=3"], "seed2", "did you mean seed?"),
     # Targets.
     ("missing target", ["~model._target_"], "model._target_", "is missing"),
     ("unimportable target", ["model._target_=runner.models.Transformr"], "model._target_", "no attribute 'Transformr'"),
