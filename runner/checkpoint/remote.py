@@ -69,7 +69,10 @@ class Storage:
 
             # A fresh client each time: fsspec caches file system objects by their arguments, not by the
             # environment, and the credentials or endpoint may have changed since.
-            self.fs, self.root = url_to_fs(self.url, skip_instance_cache=True)
+            # A local or shared file system (file://) makes the folders a checkpoint's files go into, as a bucket's
+            # keys need none; its put_file and pipe would fail on a folder not there yet.
+            options = {"auto_mkdir": True} if protocol in ("file", "local") else {}
+            self.fs, self.root = url_to_fs(self.url, skip_instance_cache=True, **options)
         except ImportError as err:
             package = PACKAGES.get(protocol, f"the fsspec package for {protocol}://")
             raise ConfigError(key, f"is {url}, which needs {package}: pip install 'runner-ml[s3]' for S3, or pip "

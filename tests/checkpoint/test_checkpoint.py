@@ -458,3 +458,24 @@ def test_a_run_resumed_with_a_lower_learning_rate_trains_with_it(tmp_path, capsy
     rates = {row["step"]: row["train/lr"] for row in read_jsonl(tmp_path / "resumed" / "metrics.jsonl")
              if "train/lr" in row}
     assert rates == {4: 0.001, 5: 0.001, 6: 0.001}
+
+
+def test_checkpoint_dir_on_a_shared_file_system(tmp_path, capsys):
+    """checkpoint.dir=file:///... (a shared file system, docs/checkpoints.md): its folders are made as needed, each
+    checkpoint is committed with its manifest, the exports are copied, and a machine without the run dir resumes
+    from the URL."""
+    from conftest import TINY, run_in_process
+    from runner.checkpoint.remote import Storage
+
+    store = f"file://{tmp_path / 'shared' / 'project'}"  # neither folder exists yet
+    run = (*TINY, "trainer.max_steps=4", "checkpoint.every_n_steps=2", f"checkpoint.dir={store}")
+    first = run_in_process(*run, "hydra.run.dir=first", cwd=tmp_path, capsys=capsys)
+    assert first.returncode == 0, first.output
+    stored = Storage(store)
+    assert [name for name, _ in stored.committed()] == ["step_00000002", "step_00000004"]
+    assert stored.fs.cat_file(stored.path("export", "final.safetensors")) == \
+        (tmp_path / "first" / "export" / "final.safetensors").read_bytes()
+    elsewhere = run_in_process(*run, "trainer.max_steps=6", f"resume={store}/checkpoints/step_00000002",
+                               "hydra.run.dir=elsewhere", cwd=tmp_path, capsys=capsys)
+    assert elsewhere.returncode == 0, elsewhere.output
+    assert (tmp_path / "elsewhere" / "fetched" / "step_00000002" / "manifest.json").is_file()
