@@ -76,7 +76,8 @@ TRAIN_METRICS = ("train/loss", "train/lr", "train/samples_per_s")
 
 
 def monitor_problems(config: RunConfig) -> list[Problem]:
-    """trainer.monitor must be a metric the run measures: one the task declares (val/<name>) or a training one."""
+    """trainer.monitor, and a callback's own `monitor` (early_stopping's), must be a metric the run measures: one the
+    task declares (val/<name>) or a training one. (A callback watching a metric never reported would never act.)"""
     from runner.config.instantiate import build_task
 
     task = build_task(config.task)
@@ -85,10 +86,13 @@ def monitor_problems(config: RunConfig) -> list[Problem]:
         measured.append("train/grad_norm")
     if getattr(task, "tokens_per_sample", None):
         measured.append("train/tokens_per_s")
-    if config.trainer.monitor in measured or not getattr(task, "metric_names", None):
+    if not getattr(task, "metric_names", None):
         return []
-    return [Problem("trainer.monitor", f"'{config.trainer.monitor}' is not measured by this run; "
-                                       f"{type(task).__name__} reports {', '.join(measured)}")]
+    watched = {"trainer.monitor": config.trainer.monitor,
+               **{f"callbacks.{name}.monitor": node.get("monitor") for name, node in config.callbacks.items()
+                  if isinstance(node, dict) and node.get("monitor") is not None}}
+    return [Problem(key, f"'{metric}' is not measured by this run; {type(task).__name__} reports {', '.join(measured)}")
+            for key, metric in watched.items() if metric not in measured]
 
 
 def _ray_problems(hardware, resolved: Hardware, several: bool) -> list[Problem]:
