@@ -47,3 +47,6 @@ def test_python_m_runner_env_prints_lines_and_json():
     as_json = subprocess.run([sys.executable, "-m", "runner", "env", "--json"], capture_output=True, text=True, check=True)
     report = json.loads(as_json.stdout)
     assert report["python"] == sys.version.split()[0] and "tpu (torch_xla)" in report
+    from importlib import metadata
+
+    assert report["version runner-ml"] == metadata.version("runner-ml")  # the distribution, not the import name
