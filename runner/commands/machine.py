@@ -4,6 +4,7 @@ multi-machine addresses, written once to a file that `python -m runner` and `pyt
     python -m runner machine                     # show the file and what it resolves to on this machine
     python -m runner machine init                # answer a few questions
     python -m runner machine set hardware=multi_gpu gpu_ids=[0,1] precision=bf16 hardware.num_processes=2
+    python -m runner machine set precision=fp32  # changes that one; the file's other settings stay
     python -m runner machine clear
 
 The file is `<config home>/local/machine.yaml`, the config home being $RUNNER_CONFIG_HOME or ~/.config/runner
@@ -59,6 +60,42 @@ def parse(arguments: list[str]) -> dict[str, str]:
         settings[key] = value
     if problems:
         raise ConfigError(problems)
+    return settings
+
+
+def saved_settings() -> dict[str, str]:
+    """The settings the file holds now, as `set` takes them (group=option, key=value); {} when there is no file. A
+    file that is not what `machine` writes is refused, naming it, rather than written over."""
+    import yaml
+
+    from runner.errors import ConfigError
+
+    path = machine_file()
+    if not path.is_file():
+        return {}
+    try:
+        saved = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        settings = {}
+        for entry in saved.pop("defaults", None) or []:
+            (choice, option), = entry.items()
+            settings[choice.removeprefix("override /")] = str(option)
+
+        def flatten(node: dict, prefix: str = "") -> None:
+            for key, value in node.items():
+                if isinstance(value, dict):
+                    flatten(value, f"{prefix}{key}.")
+                else:
+                    settings[f"{prefix}{key}"] = yaml.safe_dump(value, default_flow_style=True).removesuffix(
+                        "...\n").strip()
+
+        flatten(saved)
+    except (yaml.YAMLError, AttributeError, TypeError, ValueError) as err:
+        raise ConfigError(str(path), f"cannot be read as this machine's settings ({type(err).__name__}); fix it, or "
+                                     "remove it with `python -m runner machine clear` and set them again") from None
+    unknown = [key for key in settings if key not in (*GROUPS, *KEYS)]
+    if unknown:
+        raise ConfigError(str(path), f"holds {', '.join(unknown)}, which are not machine settings; fix it, or remove "
+                                     "it with `python -m runner machine clear` and set them again")
     return settings
 
 
@@ -144,24 +181,34 @@ def interview(read=input) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from runner.errors import RunnerError, exit_with
+    from runner.errors import ConfigError, RunnerError, exit_with
 
     arguments = sys.argv[1:] if argv is None else argv
     command, rest = (arguments[0], arguments[1:]) if arguments else ("show", [])
     try:
         if command == "show":
             print(show())
-        elif command == "set":
+        elif command == "set":  # these settings changed, the file's others kept
+            if not rest:
+                raise ConfigError("machine set", f"names no setting; give key=value pairs among "
+                                                 f"{', '.join((*GROUPS, *KEYS))}")
             settings = parse(rest)
-            print(f"wrote {write(settings)}\n{show()}")
+            print(f"wrote {write({**saved_settings(), **settings})}\n{show()}")
             warning = missing_gpus(settings.get("gpu_ids"))
             if warning:
                 print(warning, file=sys.stderr)
         elif command == "init":
-            print(f"wrote {write(interview())}\n{show()}")
+            try:
+                answers = interview()
+            except EOFError:  # stdin closed or ended before the last answer
+                raise ConfigError("machine init", "reads its answers from the terminal and its input ended before "
+                                                  "the last question; nothing was written. Without a terminal, use "
+                                                  "python -m runner machine set key=value ...") from None
+            print(f"wrote {write(answers)}\n{show()}")
         elif command == "clear":
+            existed = machine_file().is_file()
             machine_file().unlink(missing_ok=True)
-            print(f"removed {machine_file()}")
+            print(f"removed {machine_file()}" if existed else f"{machine_file()} was not there; nothing to remove")
         else:
             print(f"usage: python -m runner machine [show | init | set key=value ... | clear]\n{__doc__}",
                   file=sys.stderr)

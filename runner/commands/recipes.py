@@ -12,6 +12,8 @@ same message as a real run.
 
 from __future__ import annotations
 
+import re
+
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,7 +90,11 @@ def copy(name: str, target: str | None = None) -> Path:
     from runner.errors import ConfigError
 
     recipe = _named(name)
-    destination = Path("recipes") / f"{target or name}.yaml"
+    new_name = target or name
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", new_name):  # a recipe is named by its file's stem in recipes/: recipe=<name>
+        raise ConfigError("recipe", f"'{new_name}' cannot name a recipe in recipes/: use letters, digits, _ and -, "
+                                    f"e.g. runner recipes copy {name} my_{name}")
+    destination = Path("recipes") / f"{new_name}.yaml"
     if destination.exists():
         raise ConfigError("recipe", f"{destination} exists already; give another name: runner recipes copy {name} NEW")
     destination.parent.mkdir(exist_ok=True)

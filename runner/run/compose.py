@@ -147,7 +147,18 @@ def compose_config(overrides: list[str]) -> DictConfig:
             cfg = compose(CONFIG_NAME, overrides=list(overrides), return_hydra_config=True)
     except (HydraException, OmegaConfBaseException) as err:
         raise ConfigError("config", composition_error(err, list(overrides))) from None
+    except yaml.YAMLError as err:  # a recipe, conf/ or machine.yaml file that is not YAML
+        raise yaml_error(err) from None
     return apply_group_swaps(cfg)
+
+
+def yaml_error(err: yaml.YAMLError) -> ConfigError:
+    """A config file that does not parse, named with its line and column (PyYAML's message gives them 0-based)."""
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    where = f"{mark.name}" if mark is not None else "a config file"
+    at = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = " ".join(filter(None, [getattr(err, "context", None), getattr(err, "problem", None)])) or str(err)
+    return ConfigError(where, f"is not valid YAML{at}: {problem}; fix the file (nothing was run)")
 
 
 def apply_group_swaps(cfg: DictConfig) -> DictConfig:

@@ -90,3 +90,41 @@ def test_the_machines_precision_reaches_a_launched_script(home, tmp_path):
                                 timeout=300)
         assert result.returncode == 0, result.stderr
         assert (tmp_path / "seen").read_text() == expected, overrides
+
+
+def test_set_changes_the_settings_it_names_and_keeps_the_others(home, capsys):
+    machine.main(["set", "hardware=multi_cpu", "hardware.num_processes=4", "gpu_ids=[0,1]"])
+    machine.main(["set", "precision=bf16"])
+    spec = load([])
+    assert (spec.hardware.processes_per_machine, spec.config.gpu_ids) == (4, [0, 1])
+    assert spec.config.precision.kind.value == "bf16" and spec.hardware.kind.value == "multi_cpu"
+    machine.main(["set", "hardware.num_processes=2"])
+    assert load([]).hardware.processes_per_machine == 2 and load([]).config.precision.kind.value == "bf16"
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as nothing:  # `set` alone would otherwise have emptied the file
+        machine.main(["set"])
+    assert nothing.value.code == 1 and "machine set: names no setting" in capsys.readouterr().err
+    assert load([]).hardware.processes_per_machine == 2
+
+
+def test_a_file_set_cannot_read_is_named_and_kept(home, capsys):
+    path = home / "local" / "machine.yaml"
+    path.parent.mkdir(parents=True)
+    path.write_text("defaults:\n  - override /hardware: multi_cpu\n hardware: [\n")
+    for argv in (["set", "precision=bf16"], ["show"]):
+        with pytest.raises(SystemExit) as refused:
+            machine.main(argv)
+        err = capsys.readouterr().err
+        assert refused.value.code == 1 and str(path) in err and "Traceback" not in err, err
+    assert path.read_text() == "defaults:\n  - override /hardware: multi_cpu\n hardware: [\n"  # not written over
+
+
+def test_init_without_a_terminal_says_so_and_writes_nothing(home, capsys, monkeypatch):
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("multi_cpu\n"))  # ends after the first answer
+    with pytest.raises(SystemExit) as ended:
+        machine.main(["init"])
+    assert ended.value.code == 1
+    assert "machine init: reads its answers from the terminal and its input ended" in capsys.readouterr().err
+    assert not (home / "local" / "machine.yaml").exists()

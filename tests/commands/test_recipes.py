@@ -104,3 +104,30 @@ def test_an_unknown_recipe_lists_the_ones_there_are(project, capsys):
     with pytest.raises(SystemExit):
         recipes.main(["show", "revers"])
     assert "'revers' is not a recipe; the recipes are digits_cnn" in capsys.readouterr().err
+
+
+def test_a_recipe_that_is_not_yaml_is_one_paragraph_naming_its_line(project, capsys):
+    """A recipe file that does not parse: validate, show and plan name the file, the line and the problem, and print
+    no traceback (as a run does)."""
+    from runner.commands import plan
+
+    broken = project / "recipes" / "indented.yaml"
+    broken.write_text("# @package _global_\ntrainer:\n  max_epochs: 2\n batch_size: 8\n")
+    for command in (lambda: recipes.main(["validate", "indented"]), lambda: recipes.main(["show", "indented"]),
+                    lambda: plan.main(["recipe=indented"])):
+        with pytest.raises(SystemExit) as failed:
+            command()
+        err = capsys.readouterr().err
+        assert failed.value.code == 1
+        assert f"{broken}: is not valid YAML, line 4, column 2: " in err and "nothing was run" in err, err
+        assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("name", ["sub/dir", "../../outside", ""])
+def test_copy_refuses_a_name_that_is_not_a_recipe_name(project, capsys, name):
+    """A copy's name becomes recipes/<name>.yaml and recipe=<name>: a path would land elsewhere, or not be found."""
+    with pytest.raises(SystemExit) as refused:
+        recipes.main(["copy", "digits_mlp", name] if name else ["copy", "digits_mlp", "a b"])
+    assert refused.value.code == 1
+    assert "cannot name a recipe in recipes/: use letters, digits, _ and -" in capsys.readouterr().err
+    assert list((project / "recipes").iterdir()) == [] and not (project.parent / "outside.yaml").exists()
