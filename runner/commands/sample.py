@@ -70,6 +70,14 @@ def parse(argv: list[str]) -> tuple[Path, SampleSettings]:
         except ValueError:
             raise ConfigError(key, f"'{value}' is not a valid {types[key]}") from None
         setattr(settings, key, parsed)
+    least = {"max_new_tokens": 1, "num_samples": 1, "top_k": 1}
+    for key, minimum in least.items():
+        value = getattr(settings, key)
+        if value is not None and value < minimum:
+            raise ConfigError(key, f"is {value}; it must be {minimum} or more{' (or 0 / none: all tokens)' if key == 'top_k' else ''}")
+    if not settings.temperature > 0:
+        raise ConfigError("temperature", f"is {settings.temperature}; it must be above 0 (0.8 is a usual choice; "
+                                         "lower is more predictable)")
     return Path(argv[0]), settings
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 
 import numpy as np
@@ -140,6 +141,13 @@ def test_sample_names_bad_settings():
     assert (settings.prompt, settings.top_k, settings.temperature) == ("ROMEO:", None, 0.5)
     with pytest.raises(ConfigError, match="temprature: is not a setting of `runner sample`"):
         parse(["run", "temprature=1"])
+    # Values the sampler cannot use are named before any model is built (not a traceback, not blank text).
+    for setting, message in [("top_k=-5", "top_k: is -5; it must be 1 or more"),
+                             ("num_samples=-1", "num_samples: is -1; it must be 1 or more"),
+                             ("max_new_tokens=-3", "max_new_tokens: is -3; it must be 1 or more"),
+                             ("temperature=-1", "temperature: is -1.0; it must be above 0")]:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            parse(["run", setting])
 
 
 def test_runner_sample_bad_setting_exits_1(capsys):
