@@ -27,8 +27,8 @@ from runner.errors import (
 )
 from runner.launch.launcher import launch
 from runner.run.compose import (
-    CONFIG_DIR, CONFIG_NAME, callback_problems, composition_error, freeze, preflight, swap_recipe_groups,
-    task_overrides, with_group_origin, with_recipe, with_sources,
+    CONFIG_DIR, CONFIG_NAME, callback_problems, composition_error, freeze, logging_problems, preflight,
+    swap_recipe_groups, task_overrides, with_group_origin, with_recipe, with_sources,
 )
 from runner.launch.worker import console_from_rank_zero_only, missing_final_artifacts
 from runner.sweep.report import finished_result
@@ -128,19 +128,22 @@ def _run(args, parser) -> None:
     sweeper; one run is decided here: its run dir, before anything is written, then the job, as Hydra.run does."""
     from hydra._internal.hydra import Hydra
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.utils import configure_log
 
     config_name = args.config_name or CONFIG_NAME
     mode = RunMode.MULTIRUN if args.multirun else RunMode.RUN
     try:
         try:
             hydra = Hydra.create_main_hydra2(task_name="runner", config_search_path=search_path(args))
-            cfg = hydra.compose_config(config_name, args.overrides, run_mode=mode, with_log_configuration=True,
+            # Logging configured below, once its config has passed the checks (dictConfig imports what it names).
+            cfg = hydra.compose_config(config_name, args.overrides, run_mode=mode, with_log_configuration=False,
                                        validate_sweep_overrides=mode is RunMode.RUN)
         except Exception as err:  # Hydra's and OmegaConf's composition errors: the message says it all
             exit_with(composition_error(err, args.overrides))
-        problems = callback_problems(cfg)
+        problems = [*logging_problems(cfg), *callback_problems(cfg)]
         if problems:
             exit_with(ConfigError(problems))
+        configure_log(cfg.hydra.hydra_logging, cfg.hydra.verbose)  # as compose_config(with_log_configuration=True)
         if args.multirun or cfg.hydra.mode == RunMode.MULTIRUN:  # -m, or e.g. hparams_search=...: a sweep
             # Here, from the one composition, not in a sweep callback: Hydra composes twice more before its
             # callbacks run, seconds in which torchrun may already be ending this rank for its peer's refusal.

@@ -19,7 +19,8 @@ import torch.distributed as torch_dist
 from runner.distributed import dist
 from runner.accelerate.precision import FP8_MIN_CAPABILITY, cpu_has_native_bf16
 
-PACKAGES = ("runner-ml", "torch", "hydra-core", "omegaconf", "datasets", "tensorboard", "safetensors", "torchao", "torch_xla")
+PACKAGES = ("runner-ml", "torch", "hydra-core", "omegaconf", "datasets", "tensorboard", "safetensors", "torchao",
+            "torch_xla")
 
 
 def package_versions() -> dict[str, str]:

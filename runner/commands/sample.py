@@ -74,7 +74,8 @@ def parse(argv: list[str]) -> tuple[Path, SampleSettings]:
     for key, minimum in least.items():
         value = getattr(settings, key)
         if value is not None and value < minimum:
-            raise ConfigError(key, f"is {value}; it must be {minimum} or more{' (or 0 / none: all tokens)' if key == 'top_k' else ''}")
+            every = " (or 0 / none: every token)" if key == "top_k" else ""
+            raise ConfigError(key, f"is {value}; it must be {minimum} or more{every}")
     if not settings.temperature > 0:
         raise ConfigError("temperature", f"is {settings.temperature}; it must be above 0 (0.8 is a usual choice; "
                                          "lower is more predictable)")

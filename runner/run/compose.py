@@ -84,6 +84,47 @@ def callback_problems(cfg: DictConfig) -> list:
     return target_problems({f"hydra.callbacks.{name}": node for name, node in callbacks.items()}, allowed)
 
 
+# Where logging's dictConfig imports or calls a name: a handler's or formatter's `class`, a `()` factory anywhere,
+# and a value `ext://module.attribute`.
+LOGGING_SECTIONS = ("job_logging", "hydra_logging")
+LOGGING_PREFIXES = ("logging.",)  # besides allowed_targets: the standard library's handlers, formatters, filters
+LOGGING_STREAMS = ("ext://sys.stdout", "ext://sys.stderr")
+
+
+def logging_problems(cfg: DictConfig) -> list:
+    """hydra.job_logging and hydra.hydra_logging are handed to logging.config.dictConfig, which imports and calls the
+    names they give: those pass the same checks as the recipe's targets, before Hydra configures any logging."""
+    from runner.config.instantiate import target_problems
+
+    allowed = [*OmegaConf.select(cfg, "allowed_targets", default=[]), *LOGGING_PREFIXES]
+    named: dict = {}  # key path -> (a target node: the name and the arguments beside it, the key that named it)
+
+    def collect(node, path: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in ("class", "()") and isinstance(value, str):
+                    arguments = {name: item for name, item in node.items() if name not in ("class", "()")}
+                    named[path] = ({"_target_": value, **arguments}, key)
+                else:
+                    collect(value, f"{path}.{key}")
+        elif isinstance(node, list):
+            for index, value in enumerate(node):
+                collect(value, f"{path}[{index}]")
+        elif isinstance(node, str) and node.startswith("ext://") and node not in LOGGING_STREAMS:
+            named[path] = ({"_target_": node.removeprefix("ext://")}, None)
+
+    for section in LOGGING_SECTIONS:
+        collect(OmegaConf.to_container(cfg.hydra[section], resolve=False) if section in cfg.hydra else {},
+                f"hydra.{section}")
+    problems = []
+    for path, (node, key) in named.items():
+        for problem in target_problems({path: node}, allowed):
+            if problem.key == f"{path}._target_":  # named as the user wrote it: ....class, ....(), or the ext:// key
+                problem = replace(problem, key=f"{path}.{key}" if key else path)
+            problems.append(problem)
+    return problems
+
+
 def swap_recipe_groups(cfg: DictConfig, hydra) -> list:
     """A group chosen on the command line (scheduler=none) replaces the recipe's choice together with the keys the
     recipe set for it: drop them, and say which."""

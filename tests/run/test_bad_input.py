@@ -107,6 +107,10 @@ CASES = [
      "model.block.trust_remote_code", "runs code downloaded"),
     ("hydra callback target", ["+hydra.callbacks.evil._target_=torch.utils.collect_env.run"],
      "hydra.callbacks.evil._target_", "runs arbitrary code"),
+    ("a logging handler class outside the allow-list", ["hydra.job_logging.handlers.console.class=sidefx.Handler"],
+     "hydra.job_logging.handlers.console.class", "'sidefx.Handler' is not under an allowed module prefix"),
+    ("a logging stream that imports a module", ["hydra.hydra_logging.handlers.console.stream=ext://sidefx.stream"],
+     "hydra.hydra_logging.handlers.console.stream", "'sidefx.stream' is not under an allowed module prefix"),
     # Loggers, callbacks, debug limits.
     ("unknown logger", ["logger=[tensorboard,tensorbord]"], "logger: 'tensorbord' is not one of its options",
      "the valid names are csv, mlflow, tensorboard, wandb"),
@@ -273,3 +277,23 @@ def test_two_process_data_error_names_the_key(user_folder):
     # load can be rank 1 (seen in tests/stress.sh).
     assert re.search(r"\(rank [01], before the first optimizer step\)", result.stderr), result.stderr
     assert "Traceback" not in result.output
+
+
+def test_logging_factories_pass_the_target_checks():
+    """logging's dictConfig calls a `()` factory with the keys beside it: the same refusals as a recipe's targets,
+    named where the user wrote them; the standard library's handlers and Hydra's own streams pass."""
+    from omegaconf import OmegaConf
+
+    from runner.run.compose import logging_problems
+
+    def problems(handler: dict) -> list[str]:
+        cfg = OmegaConf.create({"allowed_targets": ["runner.", "torch."], "hydra": {"job_logging": {
+            "handlers": {"console": {"class": "logging.StreamHandler", "stream": "ext://sys.stdout"}, "extra": handler}}}})
+        return [str(problem) for problem in logging_problems(cfg)]
+
+    assert problems({"class": "logging.FileHandler", "filename": "x.log"}) == []
+    assert problems({"()": "torch.load", "f": "evil.pt", "weights_only": False}) == [
+        "hydra.job_logging.handlers.extra.(): 'torch.load' without weights_only: true can run code hidden in the "
+        "file; set hydra.job_logging.handlers.extra.weights_only=true"]
+    assert problems({"()": "os.system", "command": "id"})[0].startswith(
+        "hydra.job_logging.handlers.extra.(): 'os.system' runs arbitrary code")
