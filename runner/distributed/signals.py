@@ -97,6 +97,11 @@ class StopSignals:
     def __enter__(self) -> "StopSignals":
         for sig in self.signals:
             self._previous[sig] = _install(sig, self._handle)
+        # A start-up signal the run does not stop on (checkpoint.stop_signals=[]) gets its default action from here:
+        # the start-up handler would report "before training started" for a run that has trained.
+        for sig in STARTUP_SIGNALS:
+            if sig not in self.signals:
+                _install(sig, signal.SIG_DFL)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

@@ -118,6 +118,17 @@ def test_a_second_sigterm_still_seals_and_exits_75(tmp_path):
     assert damage(tmp_path / "run" / "checkpoints" / read_pointer(tmp_path / "run" / "checkpoints")) is None
 
 
+def test_no_stop_signals_leaves_sigterm_its_default_action(tmp_path):
+    """checkpoint.stop_signals=[] keeps a signal's default action while the run trains (docs/checkpoints.md): the
+    process ends by SIGTERM, without the start-up report that nothing was trained (it had trained)."""
+    proc = _start(tmp_path, *SLOW, "checkpoint.stop_signals=[]")
+    _wait_for_training(tmp_path / "run", proc)
+    proc.send_signal(signal.SIGTERM)
+    code, out, err = _finish(proc)
+    assert code == -signal.SIGTERM, err
+    assert "nothing was trained" not in out + err
+
+
 def test_ctrl_c_prints_one_line_and_ends_every_process(tmp_path):
     proc = _start(tmp_path, *FORK, *SLOW)
     _wait_for_training(tmp_path / "run", proc)
