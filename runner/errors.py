@@ -17,6 +17,9 @@ class RunnerError(Exception):
     run dir this invocation created."""
     resume_helps: bool = True
     """Whether running the same command with resume=auto may get past it (the final message then suggests it)."""
+    names_run_dir_state: bool = True
+    """Whether the final message adds what the run dir holds (its newest checkpoint): not when the error is about
+    those very checkpoints and says more than that line would."""
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,7 @@ def _find_resume(resume: str | None, run_dir: Path, verify: bool) -> Path | None
         )
     found = newest_intact(source, verify)
     if found is None:
-        raise CheckpointError(f"resume: every checkpoint in {source} is damaged (see the warnings above)")
+        raise _none_intact(f"resume: every checkpoint in {source} is damaged (see the warnings above)")
     return found
 
 
@@ -101,6 +101,15 @@ def fetch_url(url: str, directory: Path, verify: bool = True) -> Path:
                               "one checkpoints/step_N in it")
     log.info("resume=%s: %s/checkpoints/%s fetched into %s and verified", url, storage, found.name, found.parent)
     return found
+
+
+def _none_intact(what: str) -> ResumeRefused:
+    """resume=auto would meet the same damage again (and "the last complete checkpoint is step N" would name a
+    damaged one): say what can be done instead."""
+    err = ResumeRefused(f"{what}; no checkpoint here can be resumed: restore its files from a copy, or start a new "
+                        "run in another run dir (without resume, or hydra.run.dir=NEW)")
+    err.names_run_dir_state = False
+    return err
 
 
 def newest_intact(directory: Path, verify: bool = True) -> Path | None:
@@ -121,7 +130,7 @@ def newest_intact(directory: Path, verify: bool = True) -> Path | None:
         log.warning("resume: checkpoint %s is damaged: %s", path.name, reason)
         skipped.append(f"{path.name}: {reason}")
     if skipped:
-        raise CheckpointError(f"resume: every checkpoint in {directory} is damaged: {'; '.join(skipped)}")
+        raise _none_intact(f"resume: every checkpoint in {directory} is damaged: {'; '.join(skipped)}")
     return None
 
 

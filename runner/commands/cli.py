@@ -283,7 +283,7 @@ def rundir_summary(run_dir: rundir.RunDir, resume_helps: bool = True) -> str:
 def _fail(err: RunnerError, run_dir: rundir.RunDir, multirun: bool) -> float:
     """Say what went wrong in one paragraph; remove what this invocation created if training never started."""
     started = run_dir.training_started
-    message = f"{err}; {rundir_summary(run_dir, err.resume_helps)}" if started else str(err)
+    message = f"{err}; {rundir_summary(run_dir, err.resume_helps)}" if started and err.names_run_dir_state else str(err)
     if multirun:  # a sweep keeps the job dir: its result.json records this error
         print_error(message)
         from runner.sweep.callback import SweepJobFailed

@@ -172,6 +172,12 @@ def test_resume_auto_falls_back_past_damage(tmp_path, caplog):
         find_resume(str(tmp_path / "checkpoints" / "step_00000003"), tmp_path / "elsewhere")
     assert find_resume(str(tmp_path), tmp_path / "elsewhere") == chosen  # a named run dir: same rule
 
+    # All of them damaged: refused (resume=auto again would meet the same), saying what can be done instead.
+    (tmp_path / "checkpoints" / "step_00000001" / MODEL_FILE).write_bytes(b"truncated")
+    with pytest.raises(ResumeRefused, match=r"every checkpoint in .* is damaged: .*no checkpoint here can be "
+                                            r"resumed: restore its files from a copy, or start a new run"):
+        find_resume("auto", tmp_path)
+
 
 def test_resume_arguments_and_the_fresh_run_guard(tmp_path, caplog):
     with caplog.at_level(logging.INFO):
@@ -479,3 +485,17 @@ def test_checkpoint_dir_on_a_shared_file_system(tmp_path, capsys):
                                "hydra.run.dir=elsewhere", cwd=tmp_path, capsys=capsys)
     assert elsewhere.returncode == 0, elsewhere.output
     assert (tmp_path / "elsewhere" / "fetched" / "step_00000002" / "manifest.json").is_file()
+
+
+def test_a_run_whose_every_checkpoint_is_damaged_is_not_told_to_resume(tmp_path, capsys):
+    """The final message says what can be done, not "continue with resume=auto" (the command that just failed)
+    nor "the last complete checkpoint is step 4" (the damaged one)."""
+    from conftest import TINY, run_in_process
+
+    run = (*TINY, "trainer.max_steps=4", "checkpoint.every_n_steps=4", "hydra.run.dir=run")
+    assert run_in_process(*run, cwd=tmp_path, capsys=capsys).returncode == 0
+    (tmp_path / "run" / "checkpoints" / "step_00000004" / MODEL_FILE).write_bytes(b"truncated")
+    resumed = run_in_process(*run, "trainer.max_steps=6", "resume=auto", cwd=tmp_path, capsys=capsys)
+    message = resumed.stderr.strip().splitlines()[-1]
+    assert resumed.returncode == 1 and "no checkpoint here can be resumed" in message, resumed.output
+    assert "the last complete checkpoint" not in message and "resume=auto" not in message
