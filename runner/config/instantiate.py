@@ -177,6 +177,12 @@ def refusal(key: str, node: dict[str, Any], cause: BaseException) -> ConfigError
     if isinstance(cause, TypeError) and unexpected and unexpected.group(1) in node:
         return ConfigError(f"{key}.{unexpected.group(1)}", f"is not an argument of {node.get('_target_')}; "
                                                            f"{_arguments(node.get('_target_'))}")
+    if isinstance(cause, TypeError):  # lr=abc: the library compares a number with the text it got
+        for name, value in node.items():
+            default = _default_of(node.get("_target_"), name)
+            if isinstance(value, str) and isinstance(default, (int, float)) and not isinstance(default, bool):
+                return ConfigError(f"{key}.{name}", f"is '{value}', text where {node.get('_target_')} takes a number "
+                                                    f"(its default: {default})")
     missing = re.search(r"missing \d+ required positional arguments?: '(\w+)'", message)
     if isinstance(cause, TypeError) and missing:
         return ConfigError(f"{key}.{missing.group(1)}", f"is required by {node.get('_target_')} and not set")
@@ -187,6 +193,15 @@ def refusal(key: str, node: dict[str, Any], cause: BaseException) -> ConfigError
         if any(_mentions(lowered, word.lower()) for word in words):
             return ConfigError(f"{key}.{name}", f"is {node[name]!r}, which {node.get('_target_')} refuses: {message}")
     return ConfigError(key, f"building {node.get('_target_')} failed: {type(cause).__name__}: {message}")
+
+
+def _default_of(target: Any, name: str) -> Any:
+    """The default value of argument `name` of a target's constructor or function (None when it has none)."""
+    try:
+        parameter = inspect.signature(hydra.utils.get_object(str(target))).parameters.get(name)
+    except (ValueError, TypeError, ImportError):
+        return None
+    return None if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default
 
 
 def _arguments(target: str) -> str:

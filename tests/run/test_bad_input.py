@@ -128,6 +128,9 @@ CASES = [
     # Building: the library's refusal, with the key the user set.
     ("unknown constructor argument", ["+model.widht=3"], "model.widht", "is not an argument of runner.models"),
     ("negative learning rate", ["optimizer.lr=-1"], "optimizer.lr", "Invalid learning rate"),
+    ("a learning rate given as text", ["optimizer.lr=abc"], "optimizer.lr",
+     "is 'abc', text where torch.optim.AdamW takes a number (its default: 0.001)"),
+    ("a sequence length given as text", ["data.seq_len=abc"], "data.seq_len", "text where runner.data.digit_sequences"),
     ("negative weight decay", ["optimizer.weight_decay=-0.1"], "optimizer.weight_decay", "Invalid weight_decay"),
     ("heads that do not divide the width", ["model.nhead=5"], "model.nhead", "does not divide model.d_model=64"),
     ("zero-length sequences", ["data.seq_len=0"], "data.seq_len", "is 0; it must be 1 or more"),
