@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from runner.data.tabular import refuse_folder
 from runner.errors import ConfigError, DataError
 from runner.ground import install_hint
 
@@ -54,6 +55,7 @@ def image_parquet(train: str, image_size: int, channels: int = 3, validation: st
 
     paths = {"train": train} if validation is None else {"train": train, "validation": validation}
     for split, path in paths.items():
+        refuse_folder(split, path, "a .parquet")
         if not Path(path).expanduser().is_file():
             raise DataError(f"data.{split}: no such file '{path}'; give the path of a .parquet file")
     loaded = datasets.load_dataset("parquet", data_files={k: str(Path(v).expanduser().resolve()) for k, v in paths.items()})

@@ -19,6 +19,12 @@ from runner.hub import hub_unreachable
 FILE_FORMATS = ("csv", "json", "parquet")
 
 
+def refuse_folder(split: str, path, wanted: str) -> None:
+    """data.<split> names a folder where a file is read: say so (not "no such file", which it is not)."""
+    if Path(path).expanduser().is_dir():
+        raise DataError(f"data.{split}: '{path}' is a folder, not a file; give the path of {wanted} file in it")
+
+
 def local_files(
     train: str,
     validation: str | None = None,
@@ -36,6 +42,7 @@ def local_files(
     check_fraction(validation_fraction)
     paths = {"train": train} if validation is None else {"train": train, "validation": validation}
     for split, path in paths.items():
+        refuse_folder(split, path, f"a {'/'.join(FILE_FORMATS)}")
         if not Path(path).expanduser().is_file():
             raise DataError(
                 f"data.{split}: no such file '{path}' (looked in {Path(path).expanduser().resolve().parent}); "

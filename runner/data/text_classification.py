@@ -12,6 +12,7 @@ from pathlib import Path
 
 from runner.data.padded import PaddedText
 from runner.data.tokenizers import _digest, save_tokenizer, trained
+from runner.data.tabular import refuse_folder
 from runner.errors import ConfigError, DataError
 
 FILE_FORMATS = ("csv", "json", "parquet")
@@ -59,6 +60,7 @@ def labelled_texts(train: str, validation: str | None = None, format: str | None
 
     paths = {"train": train} if validation is None else {"train": train, "validation": validation}
     for split, path in paths.items():
+        refuse_folder(split, path, f"a {'/'.join(FILE_FORMATS)}")
         if not Path(path).expanduser().is_file():
             raise DataError(f"data.{split}: no such file '{path}'; give a {'/'.join(FILE_FORMATS)} file of texts "
                             "and labels, absolute or relative to where you ran the command")

@@ -140,6 +140,7 @@ CASES = [
      "data.validation_fraction", "between 0 and 1"),
     # Data: the user's table.
     ("missing data file", [*TABULAR, "data.train=nope.csv"], "data.train", "no such file 'nope.csv'"),
+    ("a folder as the data file", [*TABULAR, "data.train=."], "data.train", "'.' is a folder, not a file"),
     ("empty csv", [*TABULAR, "data.train=empty.csv"], "data.train", "empty.csv is empty"),
     ("header-only csv", [*TABULAR, "data.train=header.csv"], "data.train", "has a header and no data rows"),
     ("non-numeric feature", [*TABULAR, "data.train=words.csv"], "column 'b'", "row 2 holds 'red'"),
