@@ -23,7 +23,7 @@ from runner.config import RunConfig
 from runner.distributed.dist import adopt_slurm_tasks, skypilot_machine_overrides, writes_run_dir
 from runner.errors import (
     INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, ConfigError, Preempted, RunnerError, exit_with, no_stray_tracebacks,
-    print_error,
+    print_error, write_error,
 )
 from runner.launch.launcher import launch
 from runner.run.compose import (
@@ -170,9 +170,13 @@ def _run_one(hydra, cfg: DictConfig, config_name: str) -> None:
         exit_with(err if isinstance(err, RunnerError) else composition_error(err, []))
     callbacks = Callbacks(cfg)
     callbacks.on_run_start(config=cfg, config_name=config_name)
-    ret = run_job(hydra_context=HydraContext(config_loader=hydra.config_loader, callbacks=callbacks),
-                  task_function=lambda task_cfg: run_task(task_cfg, run_dir), config=cfg,
-                  job_dir_key="hydra.run.dir", job_subdir_key=None)
+    try:
+        ret = run_job(hydra_context=HydraContext(config_loader=hydra.config_loader, callbacks=callbacks),
+                      task_function=lambda task_cfg: run_task(task_cfg, run_dir), config=cfg,
+                      job_dir_key="hydra.run.dir", job_subdir_key=None)
+    except OSError as err:  # Hydra's own writes before the task (.hydra/, the log file): a full disk, say
+        run_dir.remove_what_this_run_created()
+        exit_with(write_error(err, run_dir.path / ".hydra", "Hydra's record of the run (.hydra/ and runner.log)"))
     callbacks.on_run_end(config=cfg, config_name=config_name, job_return=ret)
     _ = ret.return_value  # re-raises what the task raised that it did not handle itself: a bug, with its traceback
 

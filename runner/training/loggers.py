@@ -83,8 +83,9 @@ class TensorBoardSink(_FileSink):
         super().__init__(run_dir, "tensorboard")
         # A resumed run drops what an interrupted one logged after its checkpoint (purge_step): no step twice.
         resumed = (run_dir / "tensorboard").is_dir()
-        self._writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"), max_queue=self.HAND_OVER_EVENTS,
-                                     purge_step=start_step + 1 if resumed else None)
+        with self._writing("the TensorBoard event file"):  # it writes its first event at once: a full disk fails here
+            self._writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"), max_queue=self.HAND_OVER_EVENTS,
+                                         purge_step=start_step + 1 if resumed else None)
         self._run = run
         self._pending: list = []  # (step, wall time, scalars) logged but not yet handed to the writer, oldest first
         self._handed_at = 0.0  # time.monotonic() of the last hand-over

@@ -67,6 +67,21 @@ def test_a_full_disk_keeps_the_last_checkpoint(tmp_path, tmpfs, hardware):
     assert train_rows == [12]  # the recipe logs every 25 steps and at the end: once, though two invocations ran
 
 
+@pytest.mark.parametrize("free_kb, what", [(4, "Hydra's record of the run"), (24, "the TensorBoard event file")])
+def test_a_disk_full_before_training_is_one_paragraph(tmp_path, tmpfs, free_kb, what):
+    """A disk with no room for the run's first files (Hydra's .hydra/ record, the TensorBoard writer's first event)
+    ends with one message naming the disk, not a traceback, and leaves the run dir unlocked."""
+    (tmpfs / "filler").write_bytes(b"\0" * (2048 - free_kb) * 1024)
+    run_dir = tmpfs / "run"
+    result = run_cli(*SMALL, "trainer.max_steps=4", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert result.returncode == 1 and "Traceback" not in result.output, result.output
+    message = [line for line in result.stderr.splitlines() if line.startswith("runner: error:")]
+    assert len(message) == 1 and message[0].startswith(f"runner: error: no space left on the disk holding {run_dir}"), \
+        result.stderr
+    assert f"while writing {what}" in message[0]
+    assert not list(tmpfs.rglob(".runner.lock.holder"))  # the lock released (its file stays, as after any run)
+
+
 def _start(cwd: Path, *overrides: str) -> subprocess.Popen:
     """The CLI in its own session (so the test can signal the whole group, as a terminal's Ctrl-C does)."""
     return subprocess.Popen([sys.executable, "-m", "runner", *overrides, "hydra.run.dir=run"], cwd=cwd,
