@@ -161,6 +161,10 @@ class Loop:
             if self.checkpointer.every_epoch or self.checkpointer.due(self.state.step, evaluated):
                 self.save()
         final = self.last_metrics if self.last_eval_step == self.state.step else self.evaluate_and_log()
+        if self.skipped_steps:
+            log.warning("trainer.on_nonfinite=skip skipped %d optimizer step(s) with non-finite gradients in this "
+                        "invocation; a run that skips most of its steps is not learning: lower optimizer.lr or clip "
+                        "(trainer.max_grad_norm)", self.skipped_steps)
         self.end(final)
         return final
 
@@ -261,6 +265,9 @@ class Loop:
             grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.settings.max_grad_norm)
         if self.skip_nonfinite and not self.gradients_are_finite(grad_norm):
             self.skipped_steps += 1  # the same decision on every rank: gradients are averaged across them
+            if self.skipped_steps == 1:
+                log.warning("step %d: non-finite gradients, the step is skipped (trainer.on_nonfinite=skip); the "
+                            "skips are counted in train/skipped_steps and at the end", self.state.step + 1)
             self.optimizer.zero_grad(set_to_none=True)
             return grad_norm
         self.optimizer.step()

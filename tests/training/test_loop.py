@@ -85,11 +85,15 @@ def test_non_finite_loss_stops_without_saving():
     assert [step for step, row in logger.rows if "train/loss" in row] == [2]
 
 
-def test_on_nonfinite_skip_skips_and_counts_steps():
+def test_on_nonfinite_skip_skips_and_counts_steps(caplog):
+    """Skipped steps are counted in train/skipped_steps, and said: at the first, and their number at the end."""
     loop, logger, _ = _loop(TrainerConfig(max_epochs=1, batch_size=16, log_every_steps=4, on_nonfinite="skip"),
                             task=LossBecomesInfinite(at=3))
     before = [p.detach().clone() for p in loop.model.parameters()]
-    loop.fit()
+    with caplog.at_level("WARNING"):
+        loop.fit()
+    assert caplog.text.count("non-finite gradients, the step is skipped") == 1 and "step 3: " in caplog.text
+    assert "trainer.on_nonfinite=skip skipped 2 optimizer step(s) with non-finite gradients" in caplog.text
     (_, row), = [(step, row) for step, row in logger.rows if "train/loss" in row]
     assert row["train/skipped_steps"] == 2.0 and row["train/loss"] > 0  # steps 3 and 4 of 4; the loss of 1 and 2
     assert all(torch.isfinite(p).all() for p in loop.model.parameters())
