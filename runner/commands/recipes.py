@@ -13,7 +13,6 @@ same message as a real run.
 from __future__ import annotations
 
 import re
-
 import sys
 from dataclasses import dataclass
 from pathlib import Path

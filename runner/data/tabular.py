@@ -57,6 +57,8 @@ def local_files(
     import datasets
 
     data_files = {split: str(Path(path).expanduser().resolve()) for split, path in paths.items()}
+    if validation is not None:
+        refuse_other_columns(data_files["train"], data_files["validation"], train, validation, format)
     try:
         loaded = datasets.load_dataset(format, data_files=data_files)
     except Exception as err:  # pandas / pyarrow / json parse errors: the file is not a table of this format
@@ -72,6 +74,38 @@ def local_files(
         held_out = loaded["train"].train_test_split(test_size=validation_fraction, seed=seed)
         loaded = datasets.DatasetDict({"train": held_out["train"], "validation": held_out["test"]})
     return to_classification(loaded, label_column, feature_columns)
+
+
+def header(path: str, format: str) -> list[str] | None:
+    """The column names of a CSV or Parquet file, read from its header or schema alone (None for JSON, or a file
+    that cannot be read: loading it says why)."""
+    import csv
+
+    try:
+        if format == "csv":
+            with open(path, newline="", encoding="utf-8") as handle:
+                return next(csv.reader(handle), None)
+        if format == "parquet":
+            import pyarrow.parquet as pq
+
+            return pq.read_schema(path).names
+    except (OSError, UnicodeDecodeError, ValueError, csv.Error):  # pyarrow's ArrowInvalid is a ValueError
+        return None
+    return None
+
+
+def refuse_other_columns(train_file: str, validation_file: str, train: str, validation: str, format: str) -> None:
+    """A validation file with other columns than the training file: named here (loaded together, datasets would
+    fill a missing column with nulls, or fail its cast naming neither file)."""
+    train_columns, validation_columns = header(train_file, format), header(validation_file, format)
+    if train_columns is None or validation_columns is None or set(train_columns) == set(validation_columns):
+        return
+    missing = [column for column in train_columns if column not in validation_columns]
+    extra = [column for column in validation_columns if column not in train_columns]
+    differences = "; ".join(filter(None, [missing and f"it lacks {', '.join(missing)}",
+                                          extra and f"it has {', '.join(extra)}, which {train} does not"]))
+    raise DataError(f"data.validation: {validation} has other columns than data.train ({train}): {differences}; "
+                    "give both files the same columns")
 
 
 def check_fraction(validation_fraction: float) -> None:

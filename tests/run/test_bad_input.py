@@ -37,6 +37,8 @@ TABLES = {
     "six_classes.csv": _csv(["a,b,label"] + [f"{i},{i * 2},{i % 6}" for i in range(36)]),
     "negative.csv": _csv(["a,b,label"] + [f"{i},{i * 2},{i % 3 - 1}" for i in range(12)]),
     "good.csv": _csv(["a,b,c,d,label"] + [f"{i},{i % 3},{i % 5},{i % 7},{['p', 'q', 'r'][i % 3]}" for i in range(30)]),
+    "other_columns.csv": _csv(["a,b,c,e,label"] + [f"{i},{i % 3},{i % 5},{i % 7},{['p', 'q', 'r'][i % 3]}"
+                                                   for i in range(6)]),
 }
 TABULAR = ("recipe=tabular_csv",)
 BAD_RECIPE = "# @package _global_\ntrainer:\n  max_steps: [1\n"
@@ -148,6 +150,9 @@ CASES = [
     ("a single class", [*TABULAR, "data.train=one_class.csv"], "data.label_column", "a single class ('x')"),
     ("unknown label column", [*TABULAR, "data.train=good.csv", "data.label_column=species"], "data.label_column",
      "columns are a, b, c, d, label"),
+    ("a validation file with other columns", [*TABULAR, "data.train=good.csv", "data.validation=other_columns.csv"],
+     "data.validation", "other_columns.csv has other columns than data.train (good.csv): it lacks d; it has e, "
+                        "which good.csv does not"),
     ("unknown feature column", [*TABULAR, "data.train=good.csv", "data.feature_columns=[a,z]"],
      "data.feature_columns", "z not in the data"),
     ("more classes than outputs", [*TABULAR, "data.train=six_classes.csv", "model.out_features=3"],
