@@ -72,6 +72,8 @@ def _files(key: str, paths: str | Sequence[str]) -> list[str]:
             raise DataError(f"{key}: no text file matches '{path}' (looked in {Path(path).resolve().parent}); give "
                             "a file, a list of files or a glob pattern, absolute or relative to where you ran the command")
         found += [str(Path(match).resolve()) for match in matches]
+    if all(Path(file).stat().st_size == 0 for file in found):
+        raise DataError(f"{key}: {', '.join(found)} {'is' if len(found) == 1 else 'are'} empty; give text to train on")
     return found
 
 

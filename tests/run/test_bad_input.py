@@ -30,6 +30,7 @@ def _csv(rows: list[str]) -> str:
 # Tables the data cases read, written into the working directory before each case (so they are "the user's").
 TABLES = {
     "empty.csv": "",
+    "empty.txt": "",
     "header.csv": "a,b,label\n",
     "words.csv": _csv(["a,b,label", "1,2,x", "3,red,y", "4,5,x"]),
     "hole.csv": _csv(["a,b,label", "1,2,x", "3,,y", "4,5,x"]),
@@ -150,6 +151,7 @@ CASES = [
     ("a single class", [*TABULAR, "data.train=one_class.csv"], "data.label_column", "a single class ('x')"),
     ("unknown label column", [*TABULAR, "data.train=good.csv", "data.label_column=species"], "data.label_column",
      "columns are a, b, c, d, label"),
+    ("an empty text file", ["recipe=gpt", "data.train=empty.txt"], "data.train", "empty.txt is empty; give text"),
     ("a validation file with other columns", [*TABULAR, "data.train=good.csv", "data.validation=other_columns.csv"],
      "data.validation", "other_columns.csv has other columns than data.train (good.csv): it lacks d; it has e, "
                         "which good.csv does not"),
