@@ -236,6 +236,8 @@ def run_task(cfg: DictConfig, run_dir: rundir.RunDir | None = None) -> float:
     except Preempted as stop:
         run_dir.unlock()
         again = f"; continue with the same command plus resume=auto hydra.run.dir={run_dir.path}" if stop.step else ""
+        if stop.step and not stop.checkpoint:  # checkpoint.enabled=false: there is nothing to continue from
+            again = "; the same command starts it over (with checkpoints on, a stop saves one to continue from)"
         print(f"runner: {stop}{again}", file=sys.stderr)
         _to_log_files(f"{stop}{again}")  # the run's own record says why it ended, as a rank's log does
         raise SystemExit(PREEMPTED_EXIT_CODE)

@@ -133,6 +133,17 @@ def test_a_second_sigterm_still_seals_and_exits_75(tmp_path):
     assert damage(tmp_path / "run" / "checkpoints" / read_pointer(tmp_path / "run" / "checkpoints")) is None
 
 
+def test_a_stop_with_checkpoints_off_says_the_run_starts_over(tmp_path):
+    """Exit 75 (the scheduler may requeue it), but no advice to resume: nothing was saved to continue from."""
+    proc = _start(tmp_path, *SLOW, "checkpoint.enabled=false")
+    _wait_for_training(tmp_path / "run", proc)
+    proc.send_signal(signal.SIGTERM)
+    code, out, err = _finish(proc)
+    assert code == 75, err
+    line = err.strip().splitlines()[-1]
+    assert "checkpoints are off, nothing was saved; the same command starts it over" in line and "resume" not in line
+
+
 def test_no_stop_signals_leaves_sigterm_its_default_action(tmp_path):
     """checkpoint.stop_signals=[] keeps a signal's default action while the run trains (docs/checkpoints.md): the
     process ends by SIGTERM, without the start-up report that nothing was trained (it had trained)."""
