@@ -38,6 +38,22 @@ def load_weights(file: Path, model: nn.Module, caller: str) -> None:
                               f"unexpected {sorted(unexpected)}")
 
 
+def init_weights_file(path: str) -> Path:
+    """The weights file checkpoint.init_from names: a .safetensors file, a checkpoint dir's model.safetensors, or a
+    run dir's export/final.safetensors (absolute, so that every process reads the same one)."""
+    from runner.errors import ConfigError
+
+    given = Path(path).expanduser()
+    for candidate in (given, given / "model.safetensors", given / "export" / "final.safetensors"):
+        if candidate.is_file() and candidate.suffix == ".safetensors":
+            return candidate.resolve()
+    sharded = (given / ".metadata").is_file()
+    raise ConfigError("checkpoint.init_from", f"is {path}, which " + (
+        "is a sharded checkpoint (parallel=fsdp): give its run's export/final.safetensors, whole weights" if sharded
+        else "holds no weights: give a .safetensors file, a checkpoints/step_N dir or a run dir with "
+             "export/final.safetensors"))
+
+
 def save_weights(model: nn.Module, file: Path) -> None:
     """The model's state dict as safetensors, tied weights once (safetensors' save_model). An XLA model's tensors
     have no host memory for safetensors to read: they are copied to the CPU first (torch_xla's xm.save does the

@@ -159,7 +159,7 @@ def refuse_inexact_resume(path: Path, world_size: int, global_batch: int) -> Non
         raise ResumeRefused(
             f"resume: {path} was written by a run with {written} process(es), before checkpoints recorded their "
             f"global position, and this run has {world_size}: it can continue exactly only with "
-            f"hardware.num_processes={written}, or start a new run from its weights ({path / 'model.safetensors'})")
+            f"hardware.num_processes={written}, or start a new run from its weights (checkpoint.init_from={path})")
     if manifest["global_batch"] != global_batch:
         raise ResumeRefused(
             f"resume: {path} was written with a global batch of {manifest['global_batch']} samples per optimizer "

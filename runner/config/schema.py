@@ -255,6 +255,11 @@ class CheckpointConfig:
     export: bool = True
     """Write <run dir>/export/final.safetensors and best.safetensors (weights only, loadable without the
     runner) with export/config.yaml, the resolved config."""
+    init_from: Optional[str] = None
+    """Start a new run from these weights: a .safetensors file (another run's export/final.safetensors), a
+    checkpoints/step_N dir or a run dir (its export/final.safetensors). The model only: the optimizer, the schedule,
+    the step count and the data order start fresh. A run that resumes from its own checkpoint takes that one's
+    weights instead, so the same command with resume=auto continues a preempted fine-tune."""
     stop_signals: List[StopSignal] = field(default_factory=lambda: [StopSignal.SIGTERM, StopSignal.SIGUSR1])
     """On these signals: finish the current optimizer step, save a checkpoint and exit with code 75, so that
     the same command with resume=auto continues the run. With several processes the ranks agree on stopping

@@ -159,4 +159,11 @@ def checkpoint_problems(config: RunConfig) -> list[Problem]:
         problems.append(Problem("checkpoint.keep_best", f"is {settings.keep_best}; it must be 0 (off) or more"))
     if settings.keep_best > 0 and not settings.enabled:
         problems.append(Problem("checkpoint.keep_best", "needs checkpoint.enabled=true"))
+    if settings.init_from is not None:
+        from runner.checkpoint.contents import init_weights_file
+
+        try:
+            init_weights_file(settings.init_from)
+        except ConfigError as err:
+            problems += err.problems
     return problems

@@ -21,6 +21,7 @@ from runner.accelerate.accelerator import Accelerator, set_seed
 from runner.config.instantiate import build_data, build_model, build_optimizer, build_scheduler, build_task
 from runner.training.callbacks import RunContext, build_callbacks
 from runner.training.checkpointer import Checkpointer
+from runner.checkpoint.contents import init_weights_file, load_weights
 from runner.checkpoint.files import Layout
 from runner.config import ParallelKind, RunConfig, plain
 from runner.data.batches import make_batches
@@ -71,6 +72,10 @@ def build_parts(config: RunConfig, batch: BatchPlan, accelerator: Accelerator, s
     set_seed(config.seed)
     model = build_model(config.model)
     fit_statistics(model, splits["train"], config.task)
+    if config.checkpoint.init_from is not None:  # after the statistics: the weights' own buffers replace them
+        weights = init_weights_file(config.checkpoint.init_from)
+        load_weights(weights, model, "checkpoint.init_from")
+        log.info("the model starts from the weights in %s (optimizer, schedule and step start fresh)", weights)
     splits = overfit_splits(splits, trainer, batch)  # after the model is sized from the whole training split
     train_batches = make_batches(splits["train"], batch.per_device, trainer.overfit_batches is None, config.seed,
                                  trainer.data_in_memory_mb)

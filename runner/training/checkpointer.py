@@ -423,7 +423,7 @@ def restore(path: Path, model: nn.Module, optimizer=None, scheduler=None, scaler
     elif is_sharded(model):
         raise CheckpointError(f"resume: {path} holds whole weights (written without parallel=fsdp) and this run "
                               "shards the model; resume it with the parallel setting it was written with, or start "
-                              f"a new run from its weights ({path / MODEL_FILE})")
+                              f"a new run from its weights (checkpoint.init_from={path})")
     else:
         load_weights(path / MODEL_FILE, model, "resume")
     # mmap: tensors are read from the (usually cached) file as load_state_dict copies them, not read twice.

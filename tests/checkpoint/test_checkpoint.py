@@ -499,3 +499,30 @@ def test_a_run_whose_every_checkpoint_is_damaged_is_not_told_to_resume(tmp_path,
     message = resumed.stderr.strip().splitlines()[-1]
     assert resumed.returncode == 1 and "no checkpoint here can be resumed" in message, resumed.output
     assert "the last complete checkpoint" not in message and "resume=auto" not in message
+
+
+def test_a_new_run_starts_from_another_runs_weights(tmp_path, capsys):
+    """checkpoint.init_from: the model starts from those weights (a run dir, a step dir or a file), the rest fresh;
+    a path without weights, or weights of another model, are named before training."""
+    from safetensors.torch import load_file as read
+
+    from conftest import TINY, read_jsonl, run_in_process
+
+    base = (*TINY, "trainer.max_steps=2", "checkpoint.every_n_steps=2")
+    assert run_in_process(*base, "hydra.run.dir=first", cwd=tmp_path, capsys=capsys).returncode == 0
+    trained = read(tmp_path / "first" / "export" / "final.safetensors")
+    for source, name in [("first", "from_run"), ("first/checkpoints/step_00000002", "from_step")]:
+        # lr 0: the step changes nothing, so the export is the weights it started from.
+        started = run_in_process(*base, "optimizer.lr=0", f"checkpoint.init_from={source}", f"hydra.run.dir={name}",
+                                 cwd=tmp_path, capsys=capsys)
+        assert started.returncode == 0, started.output
+        assert "the model starts from the weights in" in started.output
+        again = read(tmp_path / name / "export" / "final.safetensors")
+        assert all(torch.equal(again[key], value) for key, value in trained.items())
+        assert [row["step"] for row in read_jsonl(tmp_path / name / "metrics.jsonl") if "train/loss" in row] == [2]
+    nowhere = run_in_process(*base, "checkpoint.init_from=nowhere", "hydra.run.dir=x", cwd=tmp_path, capsys=capsys)
+    assert nowhere.returncode == 1 and "checkpoint.init_from: is nowhere, which holds no weights" in nowhere.stderr
+    other = run_in_process(*base, "model.d_model=32", "checkpoint.init_from=first", "hydra.run.dir=y", cwd=tmp_path,
+                           capsys=capsys)
+    assert other.returncode == 1 and "checkpoint.init_from: the weights in" in other.stderr
+    assert "do not fit this model" in other.stderr

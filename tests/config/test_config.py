@@ -118,7 +118,8 @@ def test_schema_keys_are_frozen():
     )
     assert sorted(structured.precision.keys()) == ["fp8_emulation", "kind"]
     assert sorted(structured.checkpoint.keys()) == sorted(
-        ["enabled", "dir", "every_epoch", "every_n_steps", "keep_last", "keep_best", "verify", "export", "stop_signals"]
+        ["enabled", "dir", "every_epoch", "every_n_steps", "keep_last", "keep_best", "verify", "export", "init_from",
+         "stop_signals"]
     )
     assert sorted(structured.logging.keys()) == ["jsonl", "name", "notes", "tags"]
 
