@@ -220,6 +220,16 @@ class Checkpointer:
             f"{last}. Resuming repeats the same steps, so first lower optimizer.lr, clip gradients with "
             "trainer.max_grad_norm, or set trainer.on_nonfinite=skip to skip steps with non-finite gradients")
 
+    def settle_after_interrupt(self) -> None:
+        """After Ctrl-C in a one-process run: let a seal under way finish (the process would wait for it on exit
+        anyway), so that the message that follows names the newest checkpoint. A failed seal is left for resume to
+        pass over. Several processes need nothing: each finishes its seal on exit before the launcher reports."""
+        if self.writer and self.world_size == 1:
+            try:
+                self._finish_pending()
+            except Exception:  # noqa: BLE001 - the run is ending on Ctrl-C; resume reports a bad checkpoint
+                pass
+
     def _finish_pending(self) -> None:
         pending, self._pending = self._pending, None
         if pending is not None:

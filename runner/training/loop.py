@@ -144,7 +144,11 @@ class Loop:
 
     def fit(self) -> dict[str, float]:
         with self.stop:
-            return self._fit()
+            try:
+                return self._fit()
+            except KeyboardInterrupt:
+                self.checkpointer.settle_after_interrupt()
+                raise
 
     def _fit(self) -> dict[str, float]:
         self.progress.start(self.state.step)

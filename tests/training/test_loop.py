@@ -43,6 +43,9 @@ class RecordingCheckpointer:
     def wait(self):
         pass
 
+    def settle_after_interrupt(self):
+        self.steps.append("settled")
+
 
 def _loop(settings: TrainerConfig, rows: int = 64, every_epoch: bool = True, task=None, precision="fp32",
           lr: float = 0.5):
@@ -172,3 +175,26 @@ def test_evaluate_restores_training_mode():
     loop, _, _ = _loop(TrainerConfig())
     metrics = evaluate(loop.accelerator, loop.model, loop.val_batches, loop.task)
     assert set(metrics) == {"val/loss", "val/accuracy", "val/macro_f1"} and loop.model.training
+
+
+class InterruptedAt(Classification):
+    """Ctrl-C during training step `at` (1-based)."""
+
+    def __init__(self, at: int):
+        super().__init__()
+        self.at, self.calls = at, 0
+
+    def training_loss(self, model, batch):
+        self.calls += 1
+        if self.calls >= self.at:
+            raise KeyboardInterrupt
+        return super().training_loss(model, batch)
+
+
+def test_ctrl_c_lets_a_seal_under_way_finish_first():
+    """The loop waits for a checkpoint being sealed before Ctrl-C goes up to the message that names the newest one
+    (Checkpointer.settle_after_interrupt: the checkpointer double records the call)."""
+    loop, _, checkpointer = _loop(TrainerConfig(max_epochs=3, batch_size=16), task=InterruptedAt(at=6))
+    with pytest.raises(KeyboardInterrupt):
+        loop.fit()
+    assert checkpointer.steps[-1] == "settled"
