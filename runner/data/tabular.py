@@ -83,7 +83,7 @@ def header(path: str, format: str) -> list[str] | None:
 
     try:
         if format == "csv":
-            with open(path, newline="", encoding="utf-8") as handle:
+            with open(path, newline="", encoding="utf-8-sig") as handle:  # -sig: a BOM is not part of a name
                 return next(csv.reader(handle), None)
         if format == "parquet":
             import pyarrow.parquet as pq
