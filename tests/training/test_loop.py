@@ -177,16 +177,11 @@ def test_evaluate_restores_training_mode():
     assert set(metrics) == {"val/loss", "val/accuracy", "val/macro_f1"} and loop.model.training
 
 
-class InterruptedAt(Classification):
-    """Ctrl-C during training step `at` (1-based)."""
-
-    def __init__(self, at: int):
-        super().__init__()
-        self.at, self.calls = at, 0
+class InterruptedAt(LossBecomesInfinite):
+    """Ctrl-C during training step `at` (1-based), before its loss would turn infinite."""
 
     def training_loss(self, model, batch):
-        self.calls += 1
-        if self.calls >= self.at:
+        if self.calls + 1 >= self.at:
             raise KeyboardInterrupt
         return super().training_loss(model, batch)
 
