@@ -148,6 +148,9 @@ def main(argv: list[str] | None = None) -> None:
               "my_script.py [its arguments]   (or: -m my_package.module [its arguments])", file=sys.stderr)
         raise SystemExit(2)
     try:
+        if command[0] != "-m" and not Path(command[0]).expanduser().is_file():  # before any rank starts
+            raise LaunchError(f"no script '{command[0]}' (looked in {Path(command[0]).expanduser().resolve().parent}); "
+                              "give the path of your script, or -m my_package.module")
         spec = load(overrides)
         hardware = spec.hardware
         if hardware.external_launcher:

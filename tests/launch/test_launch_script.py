@@ -87,6 +87,17 @@ def test_a_failing_script_gives_one_message(tmp_path):
     assert "their output: outputs/launch/" in summary
 
 
+def test_a_missing_script_is_named_before_any_rank_starts(tmp_path, capsys, monkeypatch):
+    from runner.launch.launcher import main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as ended:
+        main(["hardware=multi_cpu", "nothere.py", "--lr", "1"])
+    err = capsys.readouterr().err
+    assert ended.value.code == 1 and f"runner: error: no script 'nothere.py' (looked in {tmp_path})" in err
+    assert "[rank" not in err and not (tmp_path / "outputs").exists()
+
+
 def _failure(pid: int, exitcode: int, timestamp: int = 100):
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
