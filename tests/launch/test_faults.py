@@ -67,19 +67,35 @@ def test_a_full_disk_keeps_the_last_checkpoint(tmp_path, tmpfs, hardware):
     assert train_rows == [12]  # the recipe logs every 25 steps and at the end: once, though two invocations ran
 
 
-@pytest.mark.parametrize("free_kb, what", [(4, "Hydra's record of the run"), (24, "the TensorBoard event file")])
-def test_a_disk_full_before_training_is_one_paragraph(tmp_path, tmpfs, free_kb, what):
-    """A disk with no room for the run's first files (Hydra's .hydra/ record, the TensorBoard writer's first event)
+def test_a_disk_full_before_training_is_one_paragraph(tmp_path, tmpfs):
+    """A disk with no room for Hydra's .hydra/ record (4 KB free: one tmpfs page, and the record takes three files)
     ends with one message naming the disk, not a traceback, and leaves the run dir unlocked."""
-    (tmpfs / "filler").write_bytes(b"\0" * (2048 - free_kb) * 1024)
+    (tmpfs / "filler").write_bytes(b"\0" * (2048 - 4) * 1024)
     run_dir = tmpfs / "run"
     result = run_cli(*SMALL, "trainer.max_steps=4", f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert result.returncode == 1 and "Traceback" not in result.output, result.output
     message = [line for line in result.stderr.splitlines() if line.startswith("runner: error:")]
-    assert len(message) == 1 and message[0].startswith(f"runner: error: no space left on the disk holding {run_dir}"), \
-        result.stderr
-    assert f"while writing {what}" in message[0]
+    assert message == [f"runner: error: no space left on the disk holding {run_dir / '.hydra'} while writing Hydra's "
+                       "record of the run (.hydra/ and runner.log)"], result.stderr
     assert not list(tmpfs.rglob(".runner.lock.holder"))  # the lock released (its file stays, as after any run)
+
+
+# TensorBoard's writer thread meets the full disk too; the CLI keeps its report off the console (no_stray_tracebacks).
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_disk_full_when_tensorboard_starts_is_a_write_error(tmpfs):
+    """The TensorBoard writer writes its first event as it is created: on a full disk that is the sink's DiskFull,
+    naming the folder (the run's one paragraph), not the writer's own OSError."""
+    from runner.errors import DiskFull
+    from runner.training.loggers import TensorBoardSink
+
+    (tmpfs / "run").mkdir()
+    try:
+        (tmpfs / "filler").write_bytes(b"\0" * 2049 * 1024)  # more than the disk holds
+    except OSError:
+        pass
+    assert os.statvfs(tmpfs).f_bavail == 0  # every page taken
+    with pytest.raises(DiskFull, match=f"holding {tmpfs / 'run' / 'tensorboard'} while writing the TensorBoard event"):
+        TensorBoardSink(tmpfs / "run")
 
 
 def _start(cwd: Path, *overrides: str) -> subprocess.Popen:
