@@ -69,6 +69,7 @@ def saved_settings() -> dict[str, str]:
     import yaml
 
     from runner.errors import ConfigError
+    from runner.ground import flatten
 
     path = machine_file()
     if not path.is_file():
@@ -79,16 +80,8 @@ def saved_settings() -> dict[str, str]:
         for entry in saved.pop("defaults", None) or []:
             (choice, option), = entry.items()
             settings[choice.removeprefix("override /")] = str(option)
-
-        def flatten(node: dict, prefix: str = "") -> None:
-            for key, value in node.items():
-                if isinstance(value, dict):
-                    flatten(value, f"{prefix}{key}.")
-                else:
-                    settings[f"{prefix}{key}"] = yaml.safe_dump(value, default_flow_style=True).removesuffix(
-                        "...\n").strip()
-
-        flatten(saved)
+        for key, value in flatten(saved).items():  # each value as `set` takes it, text render() reads back
+            settings[key] = yaml.safe_dump(value, default_flow_style=True).removesuffix("...\n").strip()
     except (yaml.YAMLError, AttributeError, TypeError, ValueError) as err:
         raise ConfigError(str(path), f"cannot be read as this machine's settings ({type(err).__name__}); fix it, or "
                                      "remove it with `python -m runner machine clear` and set them again") from None
