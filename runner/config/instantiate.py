@@ -60,7 +60,11 @@ def target_problems(nodes: dict[str, Any], allowed_prefixes: list[str]) -> list[
 def targets_outside(key: str, node: Any, allowed_prefixes: list[str]) -> list[tuple[str, str]]:
     """(key path, target) of each `_target_` in `node`, at any depth, that is under none of `allowed_prefixes`."""
     return [(f"{path}._target_", str(nested["_target_"])) for path, nested in _target_nodes(node, key)
-            if not any(str(nested["_target_"]).startswith(prefix) for prefix in allowed_prefixes)]
+            if not _allowed(str(nested["_target_"]), allowed_prefixes)]
+
+
+def _allowed(target: str, allowed_prefixes: list[str]) -> bool:
+    return any(target.startswith(prefix) for prefix in allowed_prefixes)
 
 
 def _target_nodes(node: Any, path: str) -> Iterator[tuple[str, dict]]:
@@ -83,7 +87,7 @@ def _one_target_problems(path: str, node: dict, allowed_prefixes: list[str]) -> 
     if node.get("trust_remote_code") is True:
         return [Problem(f"{path}.trust_remote_code", "is true: that runs code downloaded with the model or dataset, "
                                                       "which a recipe may not ask for; set it to false")]
-    if not any(target.startswith(prefix) for prefix in allowed_prefixes):
+    if not _allowed(target, allowed_prefixes):
         return [Problem(key, f"'{target}' is not under an allowed module prefix ({', '.join(allowed_prefixes)}); "
                              f"add its package to allowed_targets, e.g. allowed_targets='[{', '.join(allowed_prefixes)}, "
                              f"{target.split('.')[0]}.]'")]
@@ -195,23 +199,27 @@ def refusal(key: str, node: dict[str, Any], cause: BaseException) -> ConfigError
     return ConfigError(key, f"building {node.get('_target_')} failed: {type(cause).__name__}: {message}")
 
 
-def _default_of(target: Any, name: str) -> Any:
-    """The default value of argument `name` of a target's constructor or function (None when it has none)."""
+def _parameters(target: Any) -> dict[str, inspect.Parameter] | None:
+    """The parameters of a target's constructor or function, or None where its signature cannot be read."""
     try:
-        parameter = inspect.signature(hydra.utils.get_object(str(target))).parameters.get(name)
+        return dict(inspect.signature(hydra.utils.get_object(str(target))).parameters)
     except (ValueError, TypeError, ImportError):
         return None
+
+
+def _default_of(target: Any, name: str) -> Any:
+    """The default value of argument `name` of a target's constructor or function (None when it has none)."""
+    parameter = (_parameters(target) or {}).get(name)
     return None if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default
 
 
 def _arguments(target: str) -> str:
     """"it takes a, b, c" for a target's constructor or function, as far as its signature tells."""
-    try:
-        obj = hydra.utils.get_object(target)
-        names = [name for name, parameter in inspect.signature(obj).parameters.items()
-                 if parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD) and name != "self"]
-    except (ValueError, TypeError, ImportError):
+    parameters = _parameters(target)
+    if parameters is None:
         return "see its documentation for the arguments it takes"
+    names = [name for name, parameter in parameters.items()
+             if parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD) and name != "self"]
     return f"it takes {', '.join(names)}" if names else "it takes no arguments"
 
 
