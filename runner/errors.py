@@ -74,6 +74,13 @@ class ResumeRefused(CheckpointError):
     resume_helps = False
 
 
+class NoIntactCheckpoint(ResumeRefused):
+    """Every checkpoint of a run is damaged: the message says what can be done, and the run dir's "last complete
+    checkpoint is step N" line is left out (it would name a damaged one)."""
+
+    names_run_dir_state = False
+
+
 class WriteError(RunnerError):
     """A file of the run (checkpoint, export, metrics, TensorBoard, config) could not be written."""
 

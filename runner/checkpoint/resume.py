@@ -21,7 +21,7 @@ from pathlib import Path
 
 from runner.checkpoint import files, safe_dcp
 from runner.checkpoint.remote import Storage, split_resume_url
-from runner.errors import CheckpointError, ConfigError, ResumeRefused
+from runner.errors import CheckpointError, ConfigError, NoIntactCheckpoint, ResumeRefused
 
 log = logging.getLogger(__name__)
 
@@ -103,13 +103,10 @@ def fetch_url(url: str, directory: Path, verify: bool = True) -> Path:
     return found
 
 
-def _none_intact(what: str) -> ResumeRefused:
-    """resume=auto would meet the same damage again (and "the last complete checkpoint is step N" would name a
-    damaged one): say what can be done instead."""
-    err = ResumeRefused(f"{what}; no checkpoint here can be resumed: restore its files from a copy, or start a new "
-                        "run in another run dir (without resume, or hydra.run.dir=NEW)")
-    err.names_run_dir_state = False
-    return err
+def _none_intact(what: str) -> NoIntactCheckpoint:
+    """resume=auto would meet the same damage again: say what can be done instead."""
+    return NoIntactCheckpoint(f"{what}; no checkpoint here can be resumed: restore its files from a copy, or start a "
+                              "new run in another run dir (without resume, or hydra.run.dir=NEW)")
 
 
 def newest_intact(directory: Path, verify: bool = True) -> Path | None:
