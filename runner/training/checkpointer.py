@@ -421,9 +421,11 @@ def restore(path: Path, model: nn.Module, optimizer=None, scheduler=None, scaler
     if resolved is not None and manifest["config_hash"] != config_hash(resolved):
         same_batch = global_batch is not None and manifest.get("global_batch") == global_batch
         changed = _warn_config_changes(path, resolved, same_batch)
-    # The hyperparameters this run's config gave the optimizer, before the checkpoint's state replaces them.
+    # A changed optimizer or schedule: keep the hyperparameters this run's config gave the optimizer, before the
+    # checkpoint's state replaces them (put back by apply_changed_hyperparameters below).
+    retune = optimizer is not None and any(key.startswith(("optimizer.", "scheduler.")) for key in changed)
     configured = [{key: value for key, value in group.items() if key != "params"}
-                  for group in unwrap_optimizer(optimizer).param_groups] if optimizer is not None else []
+                  for group in unwrap_optimizer(optimizer).param_groups] if retune else []
     layout = files.layout_of(manifest)
     if layout is Layout.dcp:
         entries = {"model": (model, None)}
@@ -445,7 +447,7 @@ def restore(path: Path, model: nn.Module, optimizer=None, scheduler=None, scaler
                 obj.load_state_dict(state[key])
             except (ValueError, KeyError, RuntimeError) as err:
                 raise CheckpointError(f"resume: the {key} state in {path} does not fit this run's {key}: {err}") from err
-    if any(key.startswith(("optimizer.", "scheduler.")) for key in changed):
+    if retune:
         apply_changed_hyperparameters(unwrap_optimizer(optimizer), getattr(scheduler, "scheduler", scheduler),
                                       configured)
     state["manifest"] = manifest
