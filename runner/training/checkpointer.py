@@ -497,7 +497,7 @@ def refuse_per_process_layers(model: nn.Module, path: Path, written: int, world_
         f"layers that compute per process: {named}{more}. Dropout draws from each process's own random generator "
         "and batch norm normalises each device's own batch, so the steps after the resume cannot be the ones an "
         f"uninterrupted run takes. Resume with hardware.num_processes={written}, or start a new run from its "
-        f"weights ({path / MODEL_FILE})")
+        f"weights (checkpoint.init_from={path})")
 
 
 def read_config(file: Path) -> dict:

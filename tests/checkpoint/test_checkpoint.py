@@ -208,7 +208,8 @@ def test_inexact_world_size_change_or_model_mismatch_is_named(tmp_path):
                           (torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.2), r"self_attn \(attention dropout "
                                                                                      r"0.2\), dropout \(dropout")):
         with pytest.raises(ResumeRefused, match=rf"this run has 2, and the model has layers that compute per process: "
-                                                rf"{named}.*hardware.num_processes=1"):
+                                                rf"{named}.*hardware.num_processes=1, or start a new run from its "
+                                                rf"weights \(checkpoint.init_from={path}\)"):
             restore(path, layers, world_size=2, global_batch=8)
     state = restore(path, model, optimizer, rank=1, world_size=2, global_batch=8)
     assert state["this_rank"]["rng"] is not None  # rank 1 of 2 continues rank 0's generators (1 mod 1)
