@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import errno
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,6 +97,14 @@ DISK_FULL_ERRNOS = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
 
 
 ALMOST_FULL_BYTES = 2**20
+
+
+def yaml_problem(err: BaseException) -> tuple[Any, str]:
+    """Where PyYAML stopped reading (its Mark: file name, 0-based line and column; None if it gave none) and what it
+    found there, from a yaml.YAMLError."""
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    found = " ".join(filter(None, [getattr(err, "context", None), getattr(err, "problem", None)]))
+    return mark, (found or first_line(err)).strip()
 
 
 def first_line(err: BaseException, default: str = "") -> str:

@@ -23,7 +23,7 @@ from runner.config.groups import drop_swapped_group_keys, group_default_origin
 from runner.config.search_path import config_dir
 from runner.distributed.devices import resolve_hardware
 from runner.distributed.dist import restart_count, writes_run_dir
-from runner.errors import ConfigError, Problem, RunnerError, write_failure
+from runner.errors import ConfigError, Problem, RunnerError, write_failure, yaml_problem
 from runner.ground import install_hint
 from runner.run.checks import check
 from runner.run.resolvers import register_configs
@@ -194,11 +194,10 @@ def compose_config(overrides: list[str]) -> DictConfig:
 
 
 def yaml_error(err: yaml.YAMLError) -> ConfigError:
-    """A config file that does not parse, named with its line and column (PyYAML's message gives them 0-based)."""
-    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    """A config file that does not parse, named with its line and column."""
+    mark, problem = yaml_problem(err)
     where = f"{mark.name}" if mark is not None else "a config file"
     at = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-    problem = " ".join(filter(None, [getattr(err, "context", None), getattr(err, "problem", None)])) or str(err)
     return ConfigError(where, f"is not valid YAML{at}: {problem}; fix the file (nothing was run)")
 
 

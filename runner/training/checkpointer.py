@@ -34,7 +34,7 @@ from runner.checkpoint.resume import refuse_inexact_resume
 from runner.checkpoint.rng import capture_rng, restore_rng
 from runner.config import CheckpointConfig, MonitorMode
 from runner.distributed.dist import all_gather_object, all_reduce, barrier, broadcast_object
-from runner.errors import CheckpointError, NonFiniteLoss, ResumeRefused, first_line, write_error
+from runner.errors import CheckpointError, NonFiniteLoss, ResumeRefused, first_line, write_error, yaml_problem
 from runner.ground import better, flatten
 from runner.accelerate.parallel import is_sharded
 from runner.accelerate.prepared import unwrap_optimizer
@@ -506,11 +506,10 @@ def read_config(file: Path) -> dict:
     try:
         saved = yaml.safe_load(file.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
+        mark, problem = yaml_problem(err)
         where = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(err, "problem", None) or first_line(err)
         raise CheckpointError(
-            f"{file} is not plain YAML data{where} ({problem.strip()}): the runner reads a checkpoint's config.yaml "
+            f"{file} is not plain YAML data{where} ({problem}): the runner reads a checkpoint's config.yaml "
             "as data only and builds no objects from it, so nothing in it was run. It was altered after it was "
             "written or not written by the runner: use another checkpoint, or restore the file from the run's own "
             "config.yaml") from None
