@@ -251,8 +251,6 @@ def keys_outside_the_schema(node: DictConfig, path: str = "") -> list[tuple[str,
     found = []
     for key in node.keys():
         if key not in names:
-            if not path and key == "hydra":  # Hydra's own section, beside the run's config
-                continue
             close = get_close_matches(str(key), names, n=1)
             hint = f"did you mean {path}{close[0]}? " if close else ""
             found.append((f"{path}{key}", f"is not a setting{f' of {path[:-1]}' if path else ''}, so nothing would "
