@@ -72,7 +72,9 @@ def build_parts(config: RunConfig, batch: BatchPlan, accelerator: Accelerator, s
     set_seed(config.seed)
     model = build_model(config.model)
     fit_statistics(model, splits["train"], config.task)
-    if config.checkpoint.init_from is not None:  # after the statistics: the weights' own buffers replace them
+    # After the statistics: the weights' own buffers replace them. A resume then loads its checkpoint over these
+    # (runner/launch/worker.py restores after build_parts), so a preempted fine-tune continues, not restarts.
+    if config.checkpoint.init_from is not None:
         weights = init_weights_file(config.checkpoint.init_from)
         load_weights(weights, model, "checkpoint.init_from")
         log.info("the model starts from the weights in %s (optimizer, schedule and step start fresh)", weights)
