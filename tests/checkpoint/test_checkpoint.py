@@ -527,3 +527,26 @@ def test_a_new_run_starts_from_another_runs_weights(tmp_path, capsys):
                            capsys=capsys)
     assert other.returncode == 1 and "checkpoint.init_from: the weights in" in other.stderr
     assert "do not fit this model" in other.stderr
+
+
+def test_a_resumed_run_takes_its_checkpoints_weights_not_init_from(tmp_path, capsys):
+    """The same command with resume=auto continues a preempted fine-tune from its own checkpoint: init_from's
+    weights are only where a run starts."""
+    from safetensors.torch import load_file as read
+
+    from conftest import TINY, run_in_process
+
+    base = (*TINY, "trainer.max_steps=2", "checkpoint.every_n_steps=2")
+    for name, seed in (("a", 0), ("b", 1)):  # two sets of weights
+        made = run_in_process(*base, f"seed={seed}", f"hydra.run.dir={name}", cwd=tmp_path, capsys=capsys)
+        assert made.returncode == 0, made.output
+    # lr 0: every checkpoint and export holds the weights the run started from.
+    tune = (*TINY, "optimizer.lr=0", "checkpoint.every_n_steps=2", "hydra.run.dir=tune")
+    assert run_in_process(*tune, "trainer.max_steps=2", "checkpoint.init_from=a", cwd=tmp_path,
+                          capsys=capsys).returncode == 0
+    resumed = run_in_process(*tune, "trainer.max_steps=4", "checkpoint.init_from=b", "resume=auto", cwd=tmp_path,
+                             capsys=capsys)
+    assert resumed.returncode == 0, resumed.output
+    final, a, b = (read(tmp_path / name / "export" / "final.safetensors") for name in ("tune", "a", "b"))
+    assert not all(torch.equal(b[key], value) for key, value in a.items())  # b's weights would show
+    assert all(torch.equal(final[key], value) for key, value in a.items())
