@@ -13,7 +13,7 @@ from runner.accelerate.options import DataLoaderConfiguration
 from runner.config.instantiate import build_data
 from runner.training.callbacks import end_artifacts
 from runner.checkpoint import complete_checkpoints
-from runner.training.checkpointer import EXPORT_DIR, FINAL_EXPORT, apply_rng, final_export_missing, restore
+from runner.training.checkpointer import EXPORT_DIR, FINAL_EXPORT, apply_rng, final_export_step, restore
 from runner.checkpoint.resume import newest_intact
 from runner.config import RunConfig, RunSpec, plain
 from runner.training.debug import apply_determinism
@@ -166,9 +166,11 @@ def missing_final_artifacts(run_dir: Path, config: RunConfig) -> list[str]:
         return []  # a debug run writes nothing
     missing = [path for path in end_artifacts(config.callbacks) if not (run_dir / path).is_file()]
     found = complete_checkpoints(run_dir / "checkpoints")
-    export_dir = run_dir / EXPORT_DIR
-    if config.checkpoint.enabled and config.checkpoint.export and found and final_export_missing(
-            export_dir, found[-1][1]["step"]):
+    exported = final_export_step(run_dir / EXPORT_DIR)
+    # An export newer than every complete checkpoint is the run's end, whose checkpoint has lost its manifest since
+    # (what a deletion stopped half-way leaves): the run's result is all there, and nothing is retrained for it.
+    if config.checkpoint.enabled and config.checkpoint.export and found and (
+            exported is None or exported < found[-1][1]["step"]):
         missing.insert(0, f"{EXPORT_DIR}/{FINAL_EXPORT}")
     return missing
 

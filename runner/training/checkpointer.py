@@ -48,14 +48,19 @@ EXPORT_DIR = "export"
 FINAL_EXPORT, FINAL_ABOUT = "final.safetensors", "final.json"
 
 
-def final_export_missing(export_dir: Path, step: int) -> bool:
-    """Whether export/ lacks the final weights of the checkpoint at `step`. final.json is written after the
-    weights (each replaced atomically), so one naming `step` beside them means that export completed."""
+def final_export_step(export_dir: Path) -> int | None:
+    """The step whose weights export/final.safetensors holds, or None where that export is not complete. final.json
+    is written after the weights (each replaced atomically), so one beside them means that export completed."""
     try:
         recorded = json.loads((export_dir / FINAL_ABOUT).read_text(encoding="utf-8"))["step"]
     except (OSError, ValueError, KeyError, TypeError):
-        return True
-    return recorded != step or not (export_dir / FINAL_EXPORT).is_file()
+        return None
+    return recorded if isinstance(recorded, int) and (export_dir / FINAL_EXPORT).is_file() else None
+
+
+def final_export_missing(export_dir: Path, step: int) -> bool:
+    """Whether export/ lacks the final weights of the checkpoint at `step`."""
+    return final_export_step(export_dir) != step
 
 
 def config_hash(resolved: dict) -> str:

@@ -176,6 +176,24 @@ def test_resume_auto_rewrites_a_deleted_export(cwd, capsys):
     assert "already finished with val/accuracy=" in nothing_missing.output and "lacks" not in nothing_missing.output
 
 
+def test_resume_auto_keeps_an_export_newer_than_every_checkpoint(cwd, capsys):
+    """The last checkpoint lost its manifest after the run finished (a deletion stopped half-way leaves that): the
+    export of that step is still the run's result. resume=auto says the run finished and retrains nothing; it used
+    to say the run lacked export/final.safetensors and train the last steps again."""
+    run_dir = cwd / "run"
+    run = (*TINY, "trainer.max_steps=4", "checkpoint.every_n_steps=2", f"hydra.run.dir={run_dir}")
+    assert run_in_process(*run, cwd=cwd, capsys=capsys).returncode == 0
+    export = run_dir / "export"
+    before = {path.name: path.stat().st_mtime_ns for path in export.iterdir()}
+    (run_dir / "checkpoints" / "step_00000004" / "manifest.json").unlink()
+
+    again = run_in_process(*run, "resume=auto", cwd=cwd, capsys=capsys)
+    assert again.returncode == 0, again.output
+    assert f"resume=auto: {run_dir} already finished with val/accuracy=" in again.output
+    assert "lacks" not in again.output and "resumed from" not in again.output
+    assert {path.name: path.stat().st_mtime_ns for path in export.iterdir()} == before
+
+
 def test_failed_export_is_fixed_by_suggested_resume(cwd, capsys):
     """A failed final export is written by the resume=auto its message suggests."""
     run_dir = cwd / "run"
