@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runner.data.tabular import refuse_folder
+from runner.data.tabular import read_files, refuse_folder
 from runner.errors import ConfigError, DataError
 from runner.ground import install_hint
 
@@ -58,7 +58,8 @@ def image_parquet(train: str, image_size: int, channels: int = 3, validation: st
         refuse_folder(split, path, "a .parquet")
         if not Path(path).expanduser().is_file():
             raise DataError(f"data.{split}: no such file '{path}'; give the path of a .parquet file")
-    loaded = datasets.load_dataset("parquet", data_files={k: str(Path(v).expanduser().resolve()) for k, v in paths.items()})
+    loaded = read_files("parquet", {split: str(Path(path).expanduser().resolve()) for split, path in paths.items()},
+                        paths)
     for key, column in (("data.image_column", image_column), ("data.label_column", label_column)):
         if column not in loaded["train"].column_names:
             raise ConfigError(key, f"'{column}' is not a column of the data; columns are "

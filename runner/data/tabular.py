@@ -8,9 +8,11 @@ null `in_features` / `out_features` (runner/data/shapes.py).
 
 from __future__ import annotations
 
+import logging
 import os
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from runner.errors import ConfigError, DataError, first_line
 from runner.ground import install_hint
@@ -59,21 +61,63 @@ def local_files(
     data_files = {split: str(Path(path).expanduser().resolve()) for split, path in paths.items()}
     if validation is not None:
         refuse_other_columns(data_files["train"], data_files["validation"], train, validation, format)
-    try:
-        loaded = datasets.load_dataset(format, data_files=data_files)
-    except Exception as err:  # pandas / pyarrow / json parse errors: the file is not a table of this format
-        if _all_empty(data_files.values()):
-            raise DataError(f"data.train: {train} is empty; give a {format} file with a header and data rows") from None
-        if format == "csv" and all(_lines(path) <= 1 for path in data_files.values()):
-            raise DataError(f"data.train: {train} has a header and no data rows; give one row per sample") from None
-        raise DataError(f"data.train: cannot read {train} as {format}: {type(err).__name__}: "
-                        f"{first_line(err)}") from None
+    loaded = read_files(format, data_files, paths)
     for split, dataset in loaded.items():
         check_table(dataset, f"data.{split}", paths[split], label_column, feature_columns)
     if "validation" not in loaded:
         held_out = loaded["train"].train_test_split(test_size=validation_fraction, seed=seed)
         loaded = datasets.DatasetDict({"train": held_out["train"], "validation": held_out["test"]})
     return to_classification(loaded, label_column, feature_columns)
+
+
+def read_files(format: str, data_files: dict[str, str], paths: dict[str, str]):
+    """`datasets.load_dataset(format)` over the user's files (`data_files`: split -> resolved path; `paths`: as the
+    user gave them). A file it cannot read is a DataError naming that file and why, instead of datasets' own
+    traceback."""
+    import datasets
+
+    try:
+        with _datasets_errors_held_back():
+            return datasets.load_dataset(format, data_files=data_files)
+    except Exception:  # pandas / pyarrow / json parse errors: the file is not a table of this format
+        raise unreadable(format, data_files, paths) from None
+
+
+def unreadable(format: str, data_files: dict[str, str], paths: dict[str, str]) -> DataError:
+    """Which of the files datasets could not read as `format`, and its reader's reason: each is read alone again,
+    as the message of a failure of both together names neither."""
+    import datasets
+
+    for split, path in data_files.items():
+        if os.path.getsize(path) == 0:
+            return DataError(f"data.{split}: {paths[split]} is empty; give a {format} file with a header and data rows")
+        if format == "csv" and _lines(path) <= 1:
+            return DataError(f"data.{split}: {paths[split]} has a header and no data rows; give one row per sample")
+        try:
+            with _datasets_errors_held_back():
+                datasets.load_dataset(format, data_files={split: path})
+        except Exception as err:
+            cause = err.__cause__ if isinstance(err, datasets.exceptions.DatasetGenerationError) else None
+            reason = cause or err
+            return DataError(f"data.{split}: cannot read {paths[split]} as {format}: {type(reason).__name__}: "
+                             f"{first_line(reason).rstrip('.')}")
+    return DataError(f"data: cannot read {' and '.join(paths.values())} together as {format}; each reads alone, so "
+                     "check that they have the same columns and types")
+
+
+@contextmanager
+def _datasets_errors_held_back() -> Iterator[None]:
+    """datasets' log held back while it reads the user's files: it logs a reader's error before raising it (a
+    console showed it twice, through datasets' handler and the root logger's), and the runner reports that error
+    itself, once, with the file's name."""
+    from datasets.utils import logging as datasets_logging
+
+    verbosity = datasets_logging.get_verbosity()
+    datasets_logging.set_verbosity(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        datasets_logging.set_verbosity(verbosity)
 
 
 def header(path: str, format: str) -> list[str] | None:
@@ -117,10 +161,6 @@ def check_fraction(validation_fraction: float) -> None:
 def _lines(path: str) -> int:
     with open(path, "rb") as handle:
         return sum(1 for line in handle if line.strip())
-
-
-def _all_empty(paths) -> bool:
-    return all(Path(path).stat().st_size == 0 for path in paths)
 
 
 def check_table(dataset, key: str, source: str, label_column: str, feature_columns: Sequence[str] | None) -> None:

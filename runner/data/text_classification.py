@@ -12,7 +12,7 @@ from pathlib import Path
 
 from runner.data.padded import PaddedText
 from runner.data.tokenizers import _digest, save_tokenizer, trained
-from runner.data.tabular import refuse_folder
+from runner.data.tabular import read_files, refuse_folder
 from runner.errors import ConfigError, DataError
 
 FILE_FORMATS = ("csv", "json", "parquet")
@@ -70,7 +70,7 @@ def labelled_texts(train: str, validation: str | None = None, format: str | None
         raise ConfigError("data.format",
                           f"'{format}' is not a file format this reads; choose one of {', '.join(FILE_FORMATS)}")
     files = {split: str(Path(path).expanduser().resolve()) for split, path in paths.items()}
-    loaded = datasets.load_dataset(format, data_files=files)
+    loaded = read_files(format, files, paths)
     for key, column in (("data.text_column", text_column), ("data.label_column", label_column)):
         if column not in loaded["train"].column_names:
             raise ConfigError(key, f"'{column}' is not a column of the data; columns are "

@@ -16,7 +16,7 @@ from conftest import run_dirs_under
 from runner.commands.cli import main
 from runner.data import local_files
 from runner.data.shapes import Standardize, data_sizes, fill_from_data, fit_statistics
-from runner.errors import ConfigError
+from runner.errors import ConfigError, DataError
 from runner.models import MLP
 
 
@@ -102,3 +102,12 @@ def test_benchmarks_tables_writes_iris_and_wine(tmp_path):
     assert data_sizes(wine["train"]) == {"features": 13, "classes": 3}
     assert iris["train"].features["label"].names == ["setosa", "versicolor", "virginica"]
     assert len(wine["validation"]) == 36 and len(iris["validation"]) == 30  # the hold-outs the README's figures use
+
+
+def test_an_unreadable_file_is_reported_once(tmp_path, caplog):
+    """datasets logs a reader's error before raising it, through its own handler and the root logger's: the runner's
+    message is the only report of it."""
+    (tmp_path / "table.parquet").write_text("a,b,label\n1,2,x\n")
+    with pytest.raises(DataError, match=r"data.train: cannot read .*table.parquet as parquet: ArrowInvalid"):
+        local_files(str(tmp_path / "table.parquet"))
+    assert not [record for record in caplog.records if "ArrowInvalid" in record.getMessage()]

@@ -38,6 +38,8 @@ TABLES = {
     "six_classes.csv": _csv(["a,b,label"] + [f"{i},{i * 2},{i % 6}" for i in range(36)]),
     "negative.csv": _csv(["a,b,label"] + [f"{i},{i * 2},{i % 3 - 1}" for i in range(12)]),
     "good.csv": _csv(["a,b,c,d,label"] + [f"{i},{i % 3},{i % 5},{i % 7},{['p', 'q', 'r'][i % 3]}" for i in range(30)]),
+    "not_parquet.parquet": _csv(["a,b,label", "1,2,x"]),
+    "unclosed.csv": _csv(["a,b,c,d,label", '1,2,3,4,"p']),
     "other_columns.csv": _csv(["a,b,c,e,label"] + [f"{i},{i % 3},{i % 5},{i % 7},{['p', 'q', 'r'][i % 3]}"
                                                    for i in range(6)]),
 }
@@ -151,6 +153,12 @@ CASES = [
     ("a single class", [*TABULAR, "data.train=one_class.csv"], "data.label_column", "a single class ('x')"),
     ("unknown label column", [*TABULAR, "data.train=good.csv", "data.label_column=species"], "data.label_column",
      "columns are a, b, c, d, label"),
+    ("a file that is not of its format", [*TABULAR, "data.train=not_parquet.parquet"], "data.train",
+     "cannot read not_parquet.parquet as parquet: ArrowInvalid"),
+    ("a validation file that does not parse", [*TABULAR, "data.train=good.csv", "data.validation=unclosed.csv"],
+     "data.validation", "cannot read unclosed.csv as csv: ParserError"),
+    ("texts in a file that does not parse", ["recipe=text_classification", "data.train=unclosed.csv"], "data.train",
+     "cannot read unclosed.csv as csv: ParserError"),
     ("an empty text file", ["recipe=gpt", "data.train=empty.txt"], "data.train", "empty.txt is empty; give text"),
     ("a validation file with other columns", [*TABULAR, "data.train=good.csv", "data.validation=other_columns.csv"],
      "data.validation", "other_columns.csv has other columns than data.train (good.csv): it lacks d; it has e, "
