@@ -28,6 +28,9 @@ class Problem:
 
     key: str
     message: str
+    of_this_machine: bool = False
+    """What this machine lacks (a package, the Hub, a GPU), not what the settings say: a recipe's group swapped on
+    the command line is never its cause (runner.run.compose.with_recipe)."""
 
     def __str__(self) -> str:
         return f"{self.key}: {self.message}"

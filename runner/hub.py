@@ -7,7 +7,7 @@ import os
 import socket
 from urllib.parse import urlparse
 
-from runner.errors import ConfigError
+from runner.errors import ConfigError, Problem
 from runner.ground import install_hint
 
 
@@ -23,12 +23,12 @@ def load_pretrained(loader: str, name: str, key: str, **kwargs):
 
     reason = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else hub_unreachable()
     if reason:
-        raise ConfigError(
+        raise ConfigError(Problem(
             key,
             f"'{name}' is not a local directory and not in the Hugging Face cache ({constants.HF_HUB_CACHE}), and "
             f"the Hub cannot be used ({reason}). Fill the cache on a machine that is online (`hf download {name}`) "
             f"and copy it here (or set HF_HUB_CACHE to it), or give the path of a directory holding its files",
-        )
+            of_this_machine=True))
     return cls.from_pretrained(name, **kwargs)
 
 
@@ -36,7 +36,8 @@ def import_transformers(key: str):
     try:
         import transformers
     except ImportError as err:
-        raise ConfigError(key, f"needs HuggingFace transformers: {install_hint('transformers')}") from err
+        raise ConfigError(Problem(key, f"needs HuggingFace transformers: {install_hint('transformers')}",
+                                  of_this_machine=True)) from err
     return transformers
 
 

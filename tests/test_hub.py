@@ -57,3 +57,21 @@ def test_an_uncached_model_names_model_and_cache(unreachable_hub, monkeypatch):
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(ConfigError, match=r"the Hub cannot be used \(HF_HUB_OFFLINE is set\)"):
         from_pretrained("nobody/no-such-model")
+
+
+def test_an_offline_tokenizer_is_not_blamed_on_the_recipe(unreachable_hub, monkeypatch, tmp_path, capsys):
+    """recipe=gpt tokenizer=pretrained goes together (docs/data-models.md); that the tokenizer is not in this
+    machine's cache is the only problem to report, not "recipe=gpt and tokenizer=pretrained do not go together"."""
+    pytest.importorskip("transformers")
+    from huggingface_hub import constants
+
+    from conftest import run_in_process
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    (tmp_path / "input.txt").write_text("to be or not to be\n" * 50)
+    result = run_in_process("recipe=gpt", "tokenizer=pretrained", "data.tokenizer.name=nobody/no-such-tokenizer",
+                            "data.train=input.txt", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, capsys=capsys)
+    assert result.returncode == 1, result.output
+    assert "runner: error: bad config: data.tokenizer.name: 'nobody/no-such-tokenizer' is not a local directory" \
+        in result.stderr
+    assert "do not go together" not in result.output

@@ -294,7 +294,8 @@ def with_recipe(err: RunnerError, choices, overrides: list[str]) -> RunnerError:
     sets: say so, naming the recipe and the pair, after the problem itself."""
     swapped = [item for item in overrides if item.split("=", 1)[0].lstrip("+~") in TARGET_GROUPS and "=" in item]
     if not isinstance(err, ConfigError) or not swapped or not any(
-            problem.key.split(".")[0].split("[")[0] in (*TARGET_GROUPS, "trainer") for problem in err.problems):
+            problem.key.split(".")[0].split("[")[0] in (*TARGET_GROUPS, "trainer") and not problem.of_this_machine
+            for problem in err.problems):
         return err
     recipe, pairs = choices.get("recipe"), " ".join(swapped)
     note = Problem("recipe", f"{recipe} is written for its own groups, and {pairs} (from the command line) does not fit "
