@@ -22,9 +22,12 @@ class GroupSwap:
     """The recipe's keys under the group that were removed (or set back to the chosen option's own value)."""
 
     def describe(self, recipe: str) -> str:
-        return (f"{self.group}={self.chosen} on the command line replaces the {self.recipe_choice} of recipe "
-                f"{recipe}: its {', '.join(self.dropped)} (written for {self.recipe_choice}) "
-                f"{'is' if len(self.dropped) == 1 else 'are'} dropped")
+        if self.recipe_choice is None:  # `override /model: null`: the recipe wrote its whole node itself
+            replaced, written = f"recipe {recipe}'s own {self.group}", ""
+        else:
+            replaced, written = f"the {self.recipe_choice} of recipe {recipe}", f" (written for {self.recipe_choice})"
+        return (f"{self.group}={self.chosen} on the command line replaces {replaced}: its {', '.join(self.dropped)}"
+                f"{written} {'is' if len(self.dropped) == 1 else 'are'} dropped")
 
 
 def drop_swapped_group_keys(cfg: Any, choices: Dict[str, Any], overrides: List[str], config_dirs: List[str],
@@ -91,13 +94,26 @@ def _set_on_command_line(key: str, overrides: List[str]) -> bool:
     return False
 
 
+RECIPE_FOLDER = "recipes://"  # a user's folder of recipes: the `recipe` group itself (hydra_plugins/runner_searchpath)
+
+
+def config_folders(config_sources) -> List[str]:
+    """The folders of Hydra's search path (hydra.runtime.config_sources) that hold YAML files: each file:// root as
+    its path, and each of the user's recipe folders as recipes://<path>."""
+    return [str(source.path) if source.schema == "file" else f"{RECIPE_FOLDER}{source.path}"
+            for source in config_sources if source.schema in ("file", "recipes")]
+
+
 def _find_config(config_dirs: List[str], group: Optional[str], name: Optional[str]) -> Optional[Path]:
     """The first file on Hydra's search path for `group/name.yaml` (as Hydra picks it)."""
     if not name:
         return None
     for folder in config_dirs:
-        path = Path(folder) / (group or "") / f"{name}.yaml"
-        if path.is_file():
+        if folder.startswith(RECIPE_FOLDER):
+            path = Path(folder[len(RECIPE_FOLDER):]) / f"{name}.yaml" if group == "recipe" else None
+        else:
+            path = Path(folder) / (group or "") / f"{name}.yaml"
+        if path is not None and path.is_file():
             return path
     return None
 

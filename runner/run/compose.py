@@ -19,7 +19,7 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 from runner.checkpoint import find_resume, refuse_inexact_resume
 from runner.checkpoint.remote import Storage
 from runner.config import RunConfig, RunSpec, plain
-from runner.config.groups import drop_swapped_group_keys, group_default_origin
+from runner.config.groups import config_folders, drop_swapped_group_keys, group_default_origin
 from runner.config.search_path import config_dir
 from runner.distributed.devices import resolve_hardware
 from runner.distributed.dist import restart_count, writes_run_dir
@@ -128,7 +128,7 @@ def logging_problems(cfg: DictConfig) -> list:
 def swap_recipe_groups(cfg: DictConfig, hydra) -> list:
     """A group chosen on the command line (scheduler=none) replaces the recipe's choice together with the keys the
     recipe set for it: drop them, and say which."""
-    sources = [str(source.path) for source in hydra.runtime.config_sources if source.schema == "file"]
+    sources = config_folders(hydra.runtime.config_sources)
     swaps = drop_swapped_group_keys(cfg, dict(hydra.runtime.choices), task_overrides(hydra), sources,
                                     hydra.job.config_name or CONFIG_NAME)
     for swap in swaps:
@@ -309,7 +309,7 @@ def with_group_origin(err: RunnerError, hydra) -> RunnerError:
     option (the recipe replaced its _target_ but kept the group), say so and give the one-line fix."""
     if not isinstance(err, ConfigError):
         return err
-    sources = [str(source.path) for source in hydra.runtime.config_sources if source.schema == "file"]
+    sources = config_folders(hydra.runtime.config_sources)
     choices, recipe = dict(hydra.runtime.choices), hydra.runtime.choices.get("recipe")
     problems = []
     for problem in err.problems:

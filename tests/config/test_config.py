@@ -219,3 +219,18 @@ def test_user_model_told_where_a_key_comes_from(tmp_path, monkeypatch, capsys):
     main(["-cd", "myconf", "recipe=wide_fixed", "--cfg", "job"])
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["model"] == {"_target_": "mylab.Wide", "width": 8}
+
+
+def test_a_group_swapped_on_a_users_recipe_drops_its_keys(tmp_path, monkeypatch, caplog):
+    """A recipe in ./recipes/ (the README's form, with `override /model: null`) and model=mlp on the command line:
+    the recipe's own model keys go, as for a built-in recipe. They were kept (the user's folder is a recipes://
+    source, not a file:// one), so the MLP group was built with the user's _target_."""
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "wide.yaml").write_text(
+        USER_RECIPE.format(defaults="defaults:\n  - override /model: null\n"))
+    monkeypatch.chdir(tmp_path)
+    with caplog.at_level(logging.INFO, logger="runner"):
+        model = freeze(_compose_as_a_run("recipe=wide", "model=mlp"), Path("/r")).config.model
+    assert model["_target_"] == "runner.models.MLP" and "width" not in model
+    assert ("model=mlp on the command line replaces recipe wide's own model: its model._target_, model.width are "
+            "dropped") in caplog.text
