@@ -28,7 +28,7 @@ from runner.errors import (
 from runner.launch.launcher import launch
 from runner.run.compose import (
     CONFIG_DIR, CONFIG_NAME, callback_problems, composition_error, freeze, logging_problems, preflight,
-    swap_recipe_groups, task_overrides, with_group_origin, with_recipe, with_sources,
+    swap_recipe_groups, sweep_problems, task_overrides, with_group_origin, with_recipe, with_sources,
 )
 from runner.launch.worker import console_from_rank_zero_only, missing_final_artifacts
 from runner.sweep.report import finished_result
@@ -148,6 +148,9 @@ def _run(args, parser) -> None:
             # Here, from the one composition, not in a sweep callback: Hydra composes twice more before its
             # callbacks run, seconds in which torchrun may already be ending this rank for its peer's refusal.
             refuse_search_under_torchrun(cfg)
+            problems = sweep_problems(cfg, args.overrides)
+            if problems:
+                exit_with(ConfigError(problems))
             GlobalHydra.instance().clear()
             return _hydra_entry(args, parser)
         _run_one(hydra, cfg, config_name)

@@ -84,6 +84,55 @@ def callback_problems(cfg: DictConfig) -> list:
     return target_problems({f"hydra.callbacks.{name}": node for name, node in callbacks.items()}, allowed)
 
 
+def sweep_problems(cfg: DictConfig, overrides: list[str]) -> list:
+    """What a sweep's trials would each meet, said once before the first starts: a launcher or sweeper that is not
+    an installed Hydra plugin, and a swept key the config lacks (a typo in `-m trainer.max_step=1,2`, or a search
+    written for another recipe: hparams_search=lr_width searches model.d_model). Hydra reports these with its own
+    text, which for a key advises the `+key=` form that the schema then refuses."""
+    from difflib import get_close_matches
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.plugins import Plugins
+    from hydra.plugins.launcher import Launcher
+    from hydra.plugins.sweeper import Sweeper
+
+    problems = []
+    for section, kind in (("launcher", Launcher), ("sweeper", Sweeper)):
+        target = OmegaConf.select(cfg, f"hydra.{section}._target_")
+        installed = [f"{plugin.__module__}.{plugin.__name__}" for plugin in Plugins.instance().discover(kind)]
+        if target not in installed:
+            problems.append(Problem(f"hydra.{section}._target_", (
+                f"'{target}' is not a Hydra {section} installed here; choose one with hydra/{section}=NAME "
+                f"(`python -m runner --help` lists them), whose classes are {', '.join(installed)}")))
+    choices = OmegaConf.select(cfg, "hydra.runtime.choices", default={}) or {}
+    swept = {override.key_or_group: ("is swept on the command line", "")
+             for override in OverridesParser.create().parse_overrides(overrides)
+             if override.is_sweep_override() and not override.is_add() and override.key_or_group not in choices}
+    search = choices.get("hparams_search")
+    for key in OmegaConf.select(cfg, "hydra.sweeper.params", default=None) or {}:
+        if not str(key).startswith("+") and key not in choices:
+            swept[key] = (f"is searched by hparams_search={search} (its hydra.sweeper.params)",
+                          f"; that search was written for another recipe: copy {search}.yaml to search this one's "
+                          "keys (docs/sweeps.md, Searches)") if search else ("is searched by hydra.sweeper.params", "")
+    for key, (why, remedy) in swept.items():
+        if key.startswith("hydra.") or OmegaConf.select(cfg, key, default=_ABSENT, throw_on_missing=False,
+                                                      throw_on_resolution_failure=False) is not _ABSENT:
+            continue
+        parent, _, name = key.rpartition(".")
+        node = OmegaConf.select(cfg, parent, default=None, throw_on_resolution_failure=False) if parent else cfg
+        names = [str(item) for item in node.keys() if item != "hydra"] if isinstance(node, DictConfig) else []
+        close = get_close_matches(name, names, n=1)
+        problems.append(Problem(key, (
+            f"{why}, but this config has no such setting; "
+            + (f"did you mean {parent + '.' if parent else ''}{close[0]}? " if close else "")
+            + (f"{parent or 'the config'} has {', '.join(names)}" if names else f"{parent} is not a section here")
+            + remedy)))
+    return problems
+
+
+_ABSENT = object()
+
+
 # Where logging's dictConfig imports or calls a name: a handler's or formatter's `class`, a `()` factory anywhere,
 # and a value `ext://module.attribute`.
 LOGGING_SECTIONS = ("job_logging", "hydra_logging")

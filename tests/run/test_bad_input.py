@@ -116,6 +116,13 @@ CASES = [
      "hydra.job_logging.handlers.console.class", "'sidefx.Handler' is not under an allowed module prefix"),
     ("a logging stream that imports a module", ["hydra.hydra_logging.handlers.console.stream=ext://sidefx.stream"],
      "hydra.hydra_logging.handlers.console.stream", "'sidefx.stream' is not under an allowed module prefix"),
+    # Sweeps: what every trial would meet, said once before the first.
+    ("a launcher that is not a Hydra plugin", ["-m", "hydra.launcher._target_=os.system"], "hydra.launcher._target_",
+     "'os.system' is not a Hydra launcher installed here"),
+    ("a misspelled swept key", ["-m", "trainer.max_step=1,2"], "trainer.max_step",
+     "is swept on the command line, but this config has no such setting; did you mean trainer.max_steps?"),
+    ("a search written for another recipe", ["recipe=gpt", "hparams_search=lr_width"], "model.d_model",
+     "is searched by hparams_search=lr_width (its hydra.sweeper.params), but this config has no such setting"),
     # Loggers, callbacks, debug limits.
     ("unknown logger", ["logger=[tensorboard,tensorbord]"], "logger: 'tensorbord' is not one of its options",
      "the valid names are csv, mlflow, tensorboard, wandb"),
