@@ -103,7 +103,7 @@ def load_model(weights: Path, config_file: Path, allowed_targets: list[str] | No
     never under the allowed_targets that file lists: a config read from a run dir may not widen what runs."""
     from safetensors.torch import load_model as load_weights
 
-    from runner.config.instantiate import build_model, target_problems, targets_outside
+    from runner.config.instantiate import build_model, data_target_problems, target_problems, targets_outside
 
     from runner.training.checkpointer import read_config
 
@@ -116,7 +116,8 @@ def load_model(weights: Path, config_file: Path, allowed_targets: list[str] | No
             f"{key} in {config_file} is '{target}', outside the prefixes `runner sample` allows "
             f"({', '.join(allowed)}); a run dir's own allowed_targets cannot widen them. If you trust that code, "
             f"allow its package here: runner sample ... allowed_targets=[{','.join(allowed)},{target.split('.')[0]}.]"))
-    problems = target_problems({"model": config["model"]}, allowed)
+    problems = (target_problems({"model": config["model"]}, allowed)
+                or data_target_problems("model", config["model"], str(config_file)))
     if problems:
         raise ConfigError(problems)
     model = build_model(config["model"])

@@ -26,12 +26,18 @@ REQUIRED_TARGETS = ("model", "optimizer", "data", "task")
 OPTIONAL_TARGETS = ("scheduler",)
 
 
-# Callables that run arbitrary code or shell commands, refused even under an allowed prefix: a recipe is trusted
-# like a Python script (docs/troubleshooting.md, "Recipes are code"), but an allow-listed prefix should not hide an escape hatch.
+# Callables that run arbitrary code or shell commands (or write over files), refused even under an allowed prefix: a
+# recipe is trusted like a Python script (docs/troubleshooting.md, "Recipes are code"), but an allow-listed prefix
+# should not hide an escape hatch.
 REFUSED_TARGETS = (
     "torch.utils.collect_env", "torch.hub", "torch.utils.cpp_extension", "torch.utils.model_zoo", "torch.package",
     "torch.ops.load_library", "torch.classes.load_library", "torch.distributed.rpc", "torch.jit.load",
-    "torch.serialization.load", "torch._C", "torch._dynamo", "torch._inductor", "hydra.utils", "builtins", "os.",
+    "torch.serialization.load", "torch._C", "torch._dynamo", "torch._inductor",
+    # torch's launchers run a command line (torch.distributed.run.main(["--no-python", "touch", ...])); torch.save
+    # writes over any file it is given.
+    "torch.distributed.run", "torch.distributed.launch", "torch.distributed.launcher", "torch.distributed.elastic",
+    "torch.save", "torch.serialization.save",
+    "hydra.utils", "builtins", "os.",
     "subprocess", "sys.", "importlib", "runpy", "pickle", "shutil", "code.", "ctypes",
     # Where the callables above live under their own names (os.system is posix.system, pickle.loads _pickle.loads):
     # a target is also judged by what it resolves to, so that a path through another module's namespace
@@ -91,7 +97,7 @@ def _one_target_problems(path: str, node: dict, allowed_prefixes: list[str]) -> 
         return [Problem(key, f"'{target}' is not under an allowed module prefix ({', '.join(allowed_prefixes)}); "
                              f"add its package to allowed_targets, e.g. allowed_targets='[{', '.join(allowed_prefixes)}, "
                              f"{target.split('.')[0]}.]'")]
-    reason, names = _resolve(target)
+    reason, names, _ = _resolve(target)
     if reason:
         return [Problem(key, f"cannot import '{target}': {reason}")]
     # What the path resolved to, under its own names: the modules it passed through and the object's home.
@@ -107,6 +113,32 @@ def _one_target_problems(path: str, node: dict, allowed_prefixes: list[str]) -> 
     return []
 
 
+# What a config read from a run dir may call to build its model: the factories of the model types it may name.
+MODEL_FACTORY_METHODS = ("from_config", "from_pretrained")  # transformers' AutoModel*.from_config, ...
+MODEL_FUNCTIONS = "runner.models."  # the runner's own model functions (runner.models.from_pretrained)
+
+
+def data_target_problems(key: str, node: Any, source: str) -> list[Problem]:
+    """A config that is data (a run dir's, read by `runner sample`), checked beyond target_problems: each target
+    builds an object and does nothing else. It must be a class, a model factory method of one
+    (AutoModelForCausalLM.from_config) or a function of the runner's own models; any other function acts when
+    called, and the allow-list's torch. prefix holds many that act on files or processes."""
+    problems = []
+    for path, nested in _target_nodes(node, key):
+        target = str(nested["_target_"])
+        _, _, obj = _resolve(target)
+        if inspect.isclass(obj) or (inspect.ismethod(obj) and inspect.isclass(obj.__self__)
+                                    and obj.__name__ in MODEL_FACTORY_METHODS):
+            continue
+        if callable(obj) and f"{getattr(obj, '__module__', '')}.".startswith(MODEL_FUNCTIONS):
+            continue
+        problems.append(Problem(f"{path}._target_", (
+            f"is '{target}' in {source}, which is not a class: a run dir's config may only name classes (their "
+            f"{' or '.join(MODEL_FACTORY_METHODS)} too) and functions of {MODEL_FUNCTIONS[:-1]} to build its model, "
+            "as any other function could act on files or processes when called")))
+    return problems
+
+
 def _is_refused(name: str) -> bool:
     return any(name == refused.rstrip(".") or name.startswith(refused if refused.endswith(".") else refused + ".")
                for refused in REFUSED_TARGETS)
@@ -114,13 +146,13 @@ def _is_refused(name: str) -> bool:
 
 def _refused(key: str, target: str, resolved: str | None = None) -> Problem:
     what = f"'{target}'" if resolved is None or resolved == target else f"'{target}' (that is {resolved})"
-    return Problem(key, f"{what} runs arbitrary code or commands and is refused as a target, whatever "
-                        "allowed_targets says; build what you need in your own package and name that")
+    return Problem(key, f"{what} runs arbitrary code or commands (or writes over files) and is refused as a "
+                        "target, whatever allowed_targets says; build what you need in your own package and name that")
 
 
-def _resolve(path: str) -> tuple[str | None, list[str]]:
+def _resolve(path: str) -> tuple[str | None, list[str], Any]:
     """(why `path` (package.module.attribute) cannot be imported, or None; the names of what it resolved to: each
-    module it passed through by its own name, and the object's home, module.qualname)."""
+    module it passed through by its own name, and the object's home, module.qualname; the object)."""
     parts = path.split(".")
     for split in range(len(parts), 0, -1):
         module_name = ".".join(parts[:split])
@@ -129,13 +161,13 @@ def _resolve(path: str) -> tuple[str | None, list[str]]:
         except ModuleNotFoundError as err:
             if err.name and module_name.startswith(err.name):
                 continue  # this prefix is not a module; try a shorter one
-            return f"importing {module_name} failed ({err})", []
+            return f"importing {module_name} failed ({err})", [], None
         except Exception as err:  # the module exists but raises on import
-            return f"importing {module_name} failed ({type(err).__name__}: {err})", []
+            return f"importing {module_name} failed ({type(err).__name__}: {err})", [], None
         names = [module_name]
         for depth, attribute in enumerate(parts[split:], start=split):
             if not hasattr(obj, attribute):
-                return f"{'.'.join(parts[:depth])} has no attribute '{attribute}'", []
+                return f"{'.'.join(parts[:depth])} has no attribute '{attribute}'", [], None
             obj = getattr(obj, attribute)
             if inspect.ismodule(obj):
                 names.append(obj.__name__)
@@ -144,8 +176,8 @@ def _resolve(path: str) -> tuple[str | None, list[str]]:
         # path, for its private functions, not as the home of a public name.
         if isinstance(home, str) and isinstance(qualname, str) and not home.startswith("torch._C"):
             names.append(f"{home}.{qualname}")
-        return None, names
-    return f"no module named '{parts[0]}'", []
+        return None, names, obj
+    return f"no module named '{parts[0]}'", [], None
 
 
 def instantiate(key: str, node: dict[str, Any], *args, **kwargs) -> Any:

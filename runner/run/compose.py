@@ -104,6 +104,8 @@ def sweep_problems(cfg: DictConfig, overrides: list[str]) -> list:
             problems.append(Problem(f"hydra.{section}._target_", (
                 f"'{target}' is not a Hydra {section} installed here; choose one with hydra/{section}=NAME "
                 f"(`python -m runner --help` lists them), whose classes are {', '.join(installed)}")))
+        elif section == "sweeper":
+            problems += sweeper_target_problems(cfg)
     choices = OmegaConf.select(cfg, "hydra.runtime.choices", default={}) or {}
     swept = {override.key_or_group: ("is swept on the command line", "")
              for override in OverridesParser.create().parse_overrides(overrides)
@@ -131,6 +133,24 @@ def sweep_problems(cfg: DictConfig, overrides: list[str]) -> list:
 
 
 _ABSENT = object()
+SWEEPER_PREFIXES = ("optuna.",)  # besides allowed_targets: what an Optuna search names (optuna.samplers.TPESampler)
+
+
+def sweeper_target_problems(cfg: DictConfig) -> list:
+    """The sweeper builds the `_target_`s of its own config (an Optuna sampler) and calls the function that
+    custom_search_space names: both pass the checks of the recipe's targets."""
+    from runner.config.instantiate import target_problems
+
+    sweeper = OmegaConf.to_container(cfg.hydra.sweeper, resolve=False) or {}
+    allowed = [*OmegaConf.select(cfg, "allowed_targets", default=[]), *SWEEPER_PREFIXES]
+    problems = target_problems({f"hydra.sweeper.{name}": node for name, node in sweeper.items()
+                                if isinstance(node, dict) and "_target_" in node}, allowed)
+    custom = sweeper.get("custom_search_space")
+    if custom:
+        key = "hydra.sweeper.custom_search_space"
+        problems += [replace(problem, key=key) if problem.key == f"{key}._target_" else problem
+                     for problem in target_problems({key: {"_target_": str(custom)}}, allowed)]
+    return problems
 
 
 # Where logging's dictConfig imports or calls a name: a handler's or formatter's `class`, a `()` factory anywhere,

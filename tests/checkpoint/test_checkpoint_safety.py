@@ -172,3 +172,39 @@ def test_sample_refuses_torch_load_by_another_path_and_runs_nothing(tmp_path):
     with pytest.raises(ConfigError, match=r"'torch.functional.torch.load' \(that is torch.load\) without weights_only"):
         load_model(config.parent / "final.safetensors", config)
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("model", [
+    # torch's launcher runs a command line; torch.save writes over the file it is given.
+    {"_target_": "torch.distributed.run.main", "args": ["--nproc_per_node=1", "--no-python", "touch", "{marker}"]},
+    {"_target_": "torch.save", "obj": "x", "f": "{marker}"},
+    # A function under the allow-list that is refused by no name: a run dir's config builds with classes only.
+    {"_target_": "torch.nn.init.zeros_", "tensor": "{marker}"},
+], ids=["launcher", "save", "function"])
+def test_sample_builds_a_run_dirs_model_from_classes_only(tmp_path, model):
+    """A run dir is data: its config's targets (under torch., which `runner sample` allows) may not act on files or
+    processes. The helper that found this had a marker file made by the launcher and a file overwritten by save."""
+    from runner.commands.sample import load_model
+    from runner.errors import ConfigError
+
+    marker = tmp_path / "ran"
+    model = {key: ([item.format(marker=marker) for item in value] if isinstance(value, list)
+                   else value.format(marker=marker)) for key, value in model.items()}
+    config = _run_dir_config(tmp_path, model, ["runner.", "torch."])
+    with pytest.raises(ConfigError, match=r"model._target_: .*(runs arbitrary code or commands|which is not a class)"):
+        load_model(config.parent / "final.safetensors", config)
+    assert not marker.exists()
+
+
+def test_sample_builds_classes_and_model_factories(tmp_path):
+    """What a run dir's config legitimately names passes: a model class with a nested class, the runner's own model
+    functions, and transformers' from_config."""
+    from runner.config.instantiate import data_target_problems
+
+    model = {"_target_": "runner.models.GPT", "norm": {"_target_": "torch.nn.LayerNorm", "normalized_shape": 4}}
+    assert data_target_problems("model", model, "config.yaml") == []
+    assert data_target_problems("model", {"_target_": "runner.models.from_pretrained"}, "config.yaml") == []
+    pytest.importorskip("transformers")
+    factory = {"_target_": "transformers.AutoModelForCausalLM.from_config",
+               "config": {"_target_": "transformers.GPT2Config"}}
+    assert data_target_problems("model", factory, "config.yaml") == []

@@ -108,6 +108,10 @@ CASES = [
      "model.block._target_", "(that is pickle) runs arbitrary code"),
     ("importlib by an allowed prefix", ["+model.block={_target_: runner.config.instantiate.importlib.import_module, "
                                         "name: x}"], "model.block._target_", "(that is importlib) runs arbitrary code"),
+    ("torch's launcher, which runs a command", ["+model.block={_target_: torch.distributed.run.main, args: [x]}"],
+     "model.block._target_", "runs arbitrary code or commands"),
+    ("torch.save, which writes over a file", ["+model.block={_target_: torch.save, obj: x, f: x.pt}"],
+     "model.block._target_", "runs arbitrary code or commands"),
     ("trust_remote_code", ["+model.block={_target_: torch.nn.Linear, trust_remote_code: true}"],
      "model.block.trust_remote_code", "runs code downloaded"),
     ("hydra callback target", ["+hydra.callbacks.evil._target_=torch.utils.collect_env.run"],
@@ -123,6 +127,12 @@ CASES = [
      "is swept on the command line, but this config has no such setting; did you mean trainer.max_steps?"),
     ("a search written for another recipe", ["recipe=gpt", "hparams_search=lr_width"], "model.d_model",
      "is searched by hparams_search=lr_width (its hydra.sweeper.params), but this config has no such setting"),
+    ("a sampler the recipe's checks refuse", ["hparams_search=lr_width", "hydra/sweeper/sampler=random",
+                                               "hydra.sweeper.sampler._target_=builtins.dict"],
+     "hydra.sweeper.sampler._target_", "'builtins.dict' runs arbitrary code or commands"),
+    ("a search space function outside the allow-list", ["hparams_search=lr_width",
+                                                         "hydra.sweeper.custom_search_space=mylab.space"],
+     "hydra.sweeper.custom_search_space", "'mylab.space' is not under an allowed module prefix"),
     # Loggers, callbacks, debug limits.
     ("unknown logger", ["logger=[tensorboard,tensorbord]"], "logger: 'tensorbord' is not one of its options",
      "the valid names are csv, mlflow, tensorboard, wandb"),
