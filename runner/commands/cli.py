@@ -31,7 +31,7 @@ from runner.run.compose import (
     swap_recipe_groups, sweep_problems, task_overrides, with_group_origin, with_recipe, with_sources,
 )
 from runner.launch.worker import console_from_rank_zero_only, missing_final_artifacts
-from runner.sweep.report import finished_result
+from runner.sweep.report import finished_result, refuse_other_jobs_dir
 from runner.launch.shutdown import skip_collection_at_exit
 from runner.sweep.callback import refuse_search_under_torchrun
 from runner.distributed.signals import stop_during_startup
@@ -210,6 +210,8 @@ def run_task(cfg: DictConfig, run_dir: rundir.RunDir | None = None) -> float:
     swap_recipe_groups(cfg, hydra)
     try:
         with stop_during_startup():
+            if multirun:
+                refuse_other_jobs_dir(run_dir.path, task_overrides(hydra))  # before anything reads its files
             spec = freeze(cfg, run_dir.path)
             if not run_dir.locked and writes_run_dir(spec.config.hardware.machine_rank):
                 run_dir.lock()

@@ -47,6 +47,7 @@ class SweepReport(Callback):
         self._started = 0.0
         self._started_at = ""
         self._skipped: report.JobResult | None = None
+        self._others = False
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         check_slurm_request(config)
@@ -56,7 +57,9 @@ class SweepReport(Callback):
         self._started = time.perf_counter()
         self._started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
         run_dir = Path(config.hydra.runtime.output_dir)
-        if _writes(config):
+        # Another experiment's job dir (the CLI refuses to run this job in it): its record stays as it is.
+        self._others = report.other_jobs_result(run_dir, _overrides(config)) is not None
+        if _writes(config) and not self._others:
             report.clear_process_failures(run_dir)
         # The CLI makes the same decision (resume=auto on a finished job) and returns the recorded value.
         self._skipped = (
@@ -67,6 +70,9 @@ class SweepReport(Callback):
         if OmegaConf.select(config, "trainer.fast_dev_run") is not None:
             return  # a debug run writes nothing but its log
         failed = job_return.status == JobStatus.FAILED
+        if self._others:
+            self._refresh_report(config)
+            return
         if not _writes(config):
             # Every rank (torchrun) or machine runs the job and one of them records it; a failure anywhere also
             # fails the job, whatever the recording process saw.

@@ -24,6 +24,7 @@ from typing import Any, Iterator
 
 import yaml
 
+from runner.errors import ConfigError
 from runner.ground import better, write_text_atomically
 from runner.training.metrics import read_row, write_hparams_session
 
@@ -183,16 +184,42 @@ def _process_failure(run_dir: Path) -> JobResult | None:
 
 def finished_result(run_dir: Path, overrides: list[str]) -> JobResult | None:
     """The recorded result if this job dir already holds a completed run of the same overrides (`resume=` aside)."""
-    path = run_dir / RESULT_FILE
-    if not path.is_file() or _process_failure(run_dir) is not None:
+    result = _recorded(run_dir)
+    if result is None or _process_failure(run_dir) is not None:
         return None
-    try:
-        result = JobResult.from_json(path.read_text(encoding="utf-8"))
-    except (ValueError, TypeError, KeyError):
-        return None  # unreadable: run the job again rather than trust it
     if result.status != JobStatus.completed or result.value is None:
         return None
     return result if _without_resume(result.overrides) == _without_resume(overrides) else None
+
+
+def other_jobs_result(run_dir: Path, overrides: list[str]) -> JobResult | None:
+    """The result recorded in this job dir by a job of other overrides (`resume=` aside): an earlier sweep into the
+    same sweep dir whose job of this number was another experiment. Its record is not this job's to replace."""
+    result = _recorded(run_dir)
+    return result if result is not None and _without_resume(result.overrides) != _without_resume(overrides) else None
+
+
+class OtherJobsDir(ConfigError):
+    names_run_dir_state = False  # its checkpoints are the other experiment's: nothing to continue from here
+
+
+def refuse_other_jobs_dir(job_dir: Path, overrides: list[str]) -> None:
+    """A sweep into a sweep dir that an earlier sweep of other overrides wrote: job N's dir holds that sweep's job
+    N, another experiment, which neither a fresh start nor resume=auto may take over (resume=auto would continue it
+    with this job's settings, or report its result as this job's)."""
+    other = other_jobs_result(job_dir, overrides)
+    if other is not None:
+        raise OtherJobsDir("hydra.sweep.dir", (
+            f"{job_dir} holds job {other.job} of an earlier sweep with other overrides "
+            f"({' '.join(other.overrides) or 'none'}; this job has {' '.join(overrides) or 'none'}); a sweep "
+            "continues in its sweep dir only with the same overrides: give this one a new hydra.sweep.dir"))
+
+
+def _recorded(run_dir: Path) -> JobResult | None:
+    try:
+        return JobResult.from_json((run_dir / RESULT_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError, TypeError, KeyError):
+        return None  # none, or unreadable: run the job again rather than trust it
 
 
 def _without_resume(overrides: list[str]) -> list[str]:

@@ -78,6 +78,16 @@ def test_a_failing_trial_does_not_stop_the_sweep(cli):
     rows = report_rows(sweep_dir)
     assert [(row["job"], row["status"]) for row in rows] == [("1", "completed"), ("0", "failed")]
 
+    # Another sweep into the same dir: each job dir holds another experiment, which is neither continued nor
+    # credited to the new job, and whose record stays (result.json used to be overwritten with the new overrides).
+    other = cli("-m", *FAST, "model.d_model=48,64", f"hydra.sweep.dir={sweep}", "resume=auto")
+    assert other.returncode == 1, other.output
+    assert (f"runner: error: bad config: hydra.sweep.dir: {sweep_dir / '1'} holds job 1 of an earlier sweep with "
+            "other overrides (") in other.stderr and "give this one a new hydra.sweep.dir" in other.stderr
+    assert "resumed from" not in other.output and "continue with the same command" not in other.output
+    assert (sweep_dir / "1" / "result.json").read_bytes() == finished
+    assert report_rows(sweep_dir) == rows
+
 
 @pytest.mark.slow
 def test_optuna_runs_trials_and_resumes_its_study(cli):
