@@ -105,12 +105,12 @@ class BatchShard(Sampler):
             group.append(batch)
             # A short last batch makes its group the tail, which the end completes.
             if len(group) == n and not (last and size is not None and len(batch) < size):
-                first = first or group[:1]  # Accelerate completes the end from the first batch, as here
+                first = first or list(group)  # Accelerate completes the end from the first n batches, as here
                 yield group[rank], None
                 group = []
         if not group or self.drop_last:
             return
-        first = first or group[:1]
+        first = first or list(group)
         if not self.even_batches:
             if rank < len(group):
                 yield group[rank], None
