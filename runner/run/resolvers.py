@@ -14,7 +14,8 @@ from runner.config import MonitorMode, RunConfig
 def register_configs() -> None:
     """Register the schema so `conf/config.yaml` can list `runner_schema` first in its defaults, and the
     resolvers: `runner_direction` (the search configs optimize in the direction of `trainer.monitor_mode`), the
-    two that give all torchrun ranks one run dir and each its own Hydra log file, and `runner.in_run_dir`.
+    two that give all torchrun ranks one run dir and each its own Hydra log file, `runner.in_run_dir` and
+    `runner.study_seed` (a continued search draws new values).
     Hydra and OmegaConf are imported here, not with the module: `from runner import Accelerator` needs neither."""
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
@@ -22,7 +23,8 @@ def register_configs() -> None:
     ConfigStore.instance().store(name="runner_schema", node=RunConfig)
     resolvers = {"runner_direction": optuna_direction, "runner.rank_suffix": _rank_suffix,
                  "runner.launcher_run_id": _launcher_run_id, "runner.in_run_dir": _in_run_dir,
-                 "runner.dir_suffix": dir_suffix, "runner.slurm_request": _slurm_request}
+                 "runner.dir_suffix": dir_suffix, "runner.slurm_request": _slurm_request,
+                 "runner.study_seed": study_seed}
     for name, resolver in resolvers.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, resolver)
@@ -38,6 +40,24 @@ def _slurm_request(what: str, kind: Any, num_processes: Any, threads_per_process
 def optuna_direction(mode: MonitorMode | str) -> str:
     """`${runner_direction:${trainer.monitor_mode}}` -> maximize / minimize, as Optuna's sweeper spells them."""
     return "maximize" if MonitorMode(mode) == MonitorMode.max else "minimize"
+
+
+def study_seed(seed: int, storage: Optional[str], study_name: str) -> int:
+    """`${runner.study_seed:0,${hydra.sweeper.storage},${hydra.sweeper.study_name}}` -> the sampler's seed plus the
+    trials its study already holds. Optuna's samplers start their random draws from the seed (TPE's first
+    n_startup_trials are random), so running the same search command again to continue the study drew the same
+    values as its first trials; the same history still gives the same draws."""
+    seed = int(seed)
+    if not storage:
+        return seed  # an in-memory study starts empty every time
+    if str(storage).startswith("sqlite:///") and not Path(str(storage)[len("sqlite:///"):]).is_file():
+        return seed  # no study yet (and loading one would create the file)
+    import optuna
+
+    try:
+        return seed + len(optuna.load_study(study_name=study_name, storage=storage).trials)
+    except KeyError:  # the file holds other studies only
+        return seed
 
 
 def _launcher_run_id(default: str) -> str:

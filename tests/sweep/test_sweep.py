@@ -120,6 +120,8 @@ def test_optuna_runs_trials_and_resumes_its_study(cli):
     study = optuna.load_study(study_name="lr_width", storage=f"sqlite:///{first.cwd}/outputs/optuna/lr_width.db")
     states = [trial.state.name for trial in study.trials]
     assert states == ["COMPLETE", "COMPLETE", "COMPLETE", "FAIL"]
+    # The sampler's seed counts the study's trials: the continued search drew a new value, not its first trial's.
+    assert study.trials[3].params["optimizer.lr"] not in [trial.params["optimizer.lr"] for trial in study.trials[:3]]
     assert sorted(trial.value for trial in study.trials[:3]) == pytest.approx(sorted(values))
 
 
