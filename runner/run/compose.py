@@ -105,7 +105,7 @@ def sweep_problems(cfg: DictConfig, overrides: list[str]) -> list:
                 f"'{target}' is not a Hydra {section} installed here; choose one with hydra/{section}=NAME "
                 f"(`python -m runner --help` lists them), whose classes are {', '.join(installed)}")))
         elif section == "sweeper":
-            problems += sweeper_target_problems(cfg)
+            problems += sweeper_target_problems(cfg) + study_direction_problems(cfg)
     choices = OmegaConf.select(cfg, "hydra.runtime.choices", default={}) or {}
     swept = {override.key_or_group: ("is swept on the command line", "")
              for override in OverridesParser.create().parse_overrides(overrides)
@@ -134,6 +134,23 @@ def sweep_problems(cfg: DictConfig, overrides: list[str]) -> list:
 
 _ABSENT = object()
 SWEEPER_PREFIXES = ("optuna.",)  # besides allowed_targets: what an Optuna search names (optuna.samplers.TPESampler)
+
+
+def study_direction_problems(cfg: DictConfig) -> list:
+    """An Optuna search continuing a study made in the other direction (a search over val/accuracy, then one over
+    val/loss, with the same study_name): Optuna refuses that with a traceback after the sweep has started."""
+    from runner.run.resolvers import study_directions
+
+    storage, name = (OmegaConf.select(cfg, f"hydra.sweeper.{key}") for key in ("storage", "study_name"))
+    direction = OmegaConf.select(cfg, "hydra.sweeper.direction")
+    recorded = study_directions(storage, name) if storage and name and isinstance(direction, str) else []
+    mode = cfg.trainer.monitor_mode
+    if not recorded or recorded == [direction]:
+        return []
+    return [Problem("hydra.sweeper.study_name", (
+        f"study '{name}' in {storage} was made to {' and '.join(recorded)}, and this search would {direction} "
+        f"{cfg.trainer.monitor} (trainer.monitor_mode={getattr(mode, 'value', mode)}): name a new study "
+        f"(hydra.sweeper.study_name=...), or search with the monitor that study was made for"))]
 
 
 def sweeper_target_problems(cfg: DictConfig) -> list:

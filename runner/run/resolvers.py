@@ -47,17 +47,27 @@ def study_seed(seed: int, storage: Optional[str], study_name: str) -> int:
     trials its study already holds. Optuna's samplers start their random draws from the seed (TPE's first
     n_startup_trials are random), so running the same search command again to continue the study drew the same
     values as its first trials; the same history still gives the same draws."""
-    seed = int(seed)
+    study = _existing_study(storage, study_name)
+    return int(seed) + (len(study.trials) if study is not None else 0)
+
+
+def study_directions(storage: Optional[str], study_name: str) -> list[str]:
+    """The directions (maximize, minimize) of the study `study_name` already in `storage`; [] if there is none."""
+    study = _existing_study(storage, study_name)
+    return [direction.name.lower() for direction in study.directions] if study is not None else []
+
+
+def _existing_study(storage: Optional[str], study_name: str):
     if not storage:
-        return seed  # an in-memory study starts empty every time
+        return None  # an in-memory study starts empty every time
     if str(storage).startswith("sqlite:///") and not Path(str(storage)[len("sqlite:///"):]).is_file():
-        return seed  # no study yet (and loading one would create the file)
+        return None  # no study yet (and loading one would create the file)
     import optuna
 
     try:
-        return seed + len(optuna.load_study(study_name=study_name, storage=storage).trials)
-    except KeyError:  # the file holds other studies only
-        return seed
+        return optuna.load_study(study_name=study_name, storage=storage)
+    except KeyError:  # the storage holds other studies only
+        return None
 
 
 def _launcher_run_id(default: str) -> str:

@@ -226,3 +226,22 @@ def test_one_failed_rank_fails_the_whole_job(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "sweep" / "0" / "result.json").read_text())["status"] == "completed"
     (row,) = report_rows(tmp_path / "sweep")
     assert row["status"] == "failed" and row["error"] == "RuntimeError: rank 1: CUDA out of memory"
+
+
+def test_a_study_made_in_the_other_direction_is_named(tmp_path, monkeypatch, capsys):
+    """Continuing a study made to minimize with a search that maximizes: one paragraph before any trial, not
+    Optuna's traceback once the sweep has started."""
+    import optuna
+
+    from runner.commands.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "outputs" / "optuna").mkdir(parents=True)
+    optuna.create_study(study_name="mine", storage="sqlite:///outputs/optuna/mine.db", direction="minimize")
+    with pytest.raises(SystemExit) as exit_info:
+        main([*FAST, "hparams_search=lr_width", "hydra.sweeper.study_name=mine"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 1 and "Traceback" not in err
+    assert ("runner: error: bad config: hydra.sweeper.study_name: study 'mine' in sqlite:///outputs/optuna/mine.db "
+            "was made to minimize, and this search would maximize val/accuracy (trainer.monitor_mode=max)") in err
+    assert not any((tmp_path / "outputs").glob("multirun"))
