@@ -29,7 +29,7 @@ from runner.launch import worker
 from runner.launch.agent import run_agent
 from runner.config import Launcher, RunSpec, StopSignal
 from runner.errors import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, LaunchError, Preempted
-from runner.launch.failures import RootCause, root_cause
+from runner.launch.failures import PEER_LOST_WORDS, RootCause, root_cause
 from runner.distributed.signals import stop_during_startup, stop_signals
 
 log = logging.getLogger(__name__)
@@ -191,24 +191,38 @@ def _launch_script(hardware, command: list[str]) -> int:
     stopped, _ = _ended(outcome)
     if stopped:
         return PREEMPTED_EXIT_CODE
-    raise LaunchError(f"{script_failure(outcome.error.failures, outcome.exited)}\n  their output: "
-                      f"{log_dir}/<run id>/attempt_<n>/<local rank>/stderr.log")
+    failures = outcome.error.failures
+    attempts = sorted(log_dir.glob("*/attempt_*"), key=lambda path: int(path.name.split("_")[-1]))
+    attempt = attempts[-1] if attempts else None  # torch's layout: <run id>/attempt_<n>/<local rank>/stderr.log
+    tails = {rank: _tail(attempt / str(failure.local_rank) / "stderr.log") for rank, failure in failures.items()
+             } if attempt else {}
+    where = f"{attempt}/<local rank>/stderr.log" if attempt else str(log_dir)
+    raise LaunchError(f"{script_failure(failures, outcome.exited, tails)}\n  their output: {where}")
 
 
-def script_failure(failures: dict[int, object], exited: dict[int, float]) -> str:
+def script_failure(failures: dict[int, object], exited: dict[int, float], stderr_tails: dict[int, str] | None = None,
+                   ) -> str:
     """How each rank of a user's script ended, the one that failed first named first: a script leaves no report
     of its own (unless it uses torch's @record), and once one rank fails the others fail on losing it, or are
-    ended by the launcher. `failures`: the launcher's {rank: ProcessFailure}; `exited`: {pid: exit time}."""
+    ended by the launcher. A rank whose output ends in a lost connection (`stderr_tails`: {rank: the end of its
+    stderr}) failed because of another: its own exit may still come first, while the rank that raised is shutting
+    down. `failures`: the launcher's {rank: ProcessFailure}; `exited`: {pid: exit time}."""
     ended_by_launcher = (-signal.SIGTERM, -signal.SIGKILL)
+    tails = stderr_tails or {}
+    lost_peer = {rank for rank, tail in tails.items() if any(words in tail for words in PEER_LOST_WORDS)}
 
     def order(item) -> tuple:
         rank, failure = item
-        return exited.get(failure.pid, float("inf")), failure.exitcode in ended_by_launcher, failure.timestamp, rank
+        return (rank in lost_peer, exited.get(failure.pid, float("inf")), failure.exitcode in ended_by_launcher,
+                failure.timestamp, rank)
+
+    def how(rank: int, failure) -> str:
+        return _how(failure) + (" (it lost its connection to another rank)" if rank in lost_peer else "")
 
     (first, failure), *others = sorted(failures.items(), key=order)
-    text = f"rank {first} failed first: it {_how(failure)}"
+    text = f"rank {first} failed first: it {how(first, failure)}"
     if others:
-        text += "; then " + "; ".join(f"rank {rank} {_how(other)}" for rank, other in others)
+        text += "; then " + "; ".join(f"rank {rank} {how(rank, other)}" for rank, other in others)
     return text
 
 
@@ -216,3 +230,13 @@ def _how(failure) -> str:
     if failure.exitcode < 0:
         return f"was killed by signal {failure.signal_name()}"
     return f"exited with code {failure.exitcode}"
+
+
+def _tail(path: Path, size: int = 4096) -> str:
+    """The end of a rank's stderr (its last traceback), or "" where there is none."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, handle.seek(0, os.SEEK_END) - size))
+            return handle.read().decode("utf-8", "replace")
+    except OSError:
+        return ""

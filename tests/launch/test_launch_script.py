@@ -84,7 +84,8 @@ def test_a_failing_script_gives_one_message(tmp_path):
     # which failed first, is named first either way.
     assert re.match(r"runner: error: rank 1 failed first: it exited with code 3; then rank 0 (exited with code 1|"
                     r"was killed by signal SIGTERM)", summary), summary
-    assert "their output: outputs/launch/" in summary
+    assert re.search(r"their output: outputs/launch/\S+/ranks/[^/]+/attempt_0/<local rank>/stderr.log", summary), summary
+    assert (tmp_path / summary.split("their output: ")[1].split("<local rank>")[0] / "1" / "stderr.log").is_file()
 
 
 def test_a_missing_script_is_named_before_any_rank_starts(tmp_path, capsys, monkeypatch):
@@ -120,6 +121,17 @@ def test_the_rank_that_exited_first_is_named_first():
     failures = {0: _failure(pid=10, exitcode=1), 1: _failure(pid=11, exitcode=-9)}
     assert script_failure(failures, {10: 2.5, 11: 2.0}).startswith("rank 1 failed first: it was killed by signal "
                                                                     "SIGKILL")
+
+
+def test_a_rank_that_lost_its_peer_is_not_named_first():
+    """Rank 1 raised; rank 0's collective then broke ("Connection reset by peer") and it exited first, while rank 1
+    was still shutting down: the end of each rank's stderr tells which only lost its peer."""
+    failures = {0: _failure(pid=10, exitcode=1), 1: _failure(pid=11, exitcode=1)}
+    tails = {0: "RuntimeError: [../gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:1: Connection reset by peer",
+             1: "ValueError: boom on rank 1"}
+    assert script_failure(failures, {10: 2.0, 11: 2.3}, tails) == (
+        "rank 1 failed first: it exited with code 1; then rank 0 exited with code 1 (it lost its connection to "
+        "another rank)")
 
 
 def test_the_script_arguments_pass_on_untouched():
