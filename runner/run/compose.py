@@ -107,8 +107,15 @@ def sweep_problems(cfg: DictConfig, overrides: list[str]) -> list:
         elif section == "sweeper":
             problems += sweeper_target_problems(cfg) + study_direction_problems(cfg)
     choices = OmegaConf.select(cfg, "hydra.runtime.choices", default={}) or {}
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    if OmegaConf.select(cfg, "hydra.sweeper._target_") == BASIC_SWEEPER:
+        problems += [Problem(override.key_or_group, (
+            f"is {override.input_line.partition('=')[2]}, a range a grid cannot list (Hydra's basic sweeper, `-m`, "
+            "runs each value it is given); give the values (a,b,c) or range(start,stop,step), or sample the "
+            "interval in a search (hparams_search=..., docs/sweeps.md)")) for override in parsed
+            if override.is_interval_sweep()]
     swept = {override.key_or_group: ("is swept on the command line", "")
-             for override in OverridesParser.create().parse_overrides(overrides)
+             for override in parsed
              if override.is_sweep_override() and not override.is_add() and override.key_or_group not in choices}
     search = choices.get("hparams_search")
     for key in OmegaConf.select(cfg, "hydra.sweeper.params", default=None) or {}:
@@ -133,6 +140,7 @@ def sweep_problems(cfg: DictConfig, overrides: list[str]) -> list:
 
 
 _ABSENT = object()
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"  # the grid of `-m`
 SWEEPER_PREFIXES = ("optuna.",)  # besides allowed_targets: what an Optuna search names (optuna.samplers.TPESampler)
 
 

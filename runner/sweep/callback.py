@@ -24,10 +24,10 @@ from omegaconf import DictConfig, OmegaConf
 from runner.sweep import report
 from runner.distributed.dist import started_by_external_launcher, writes_run_dir
 from runner.errors import LaunchError, exit_with
+from runner.run.compose import BASIC_SWEEPER
 
 log = logging.getLogger("runner")
 
-BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
 
 class SweepJobFailed(CompactHydraException):

@@ -125,6 +125,8 @@ CASES = [
      "'os.system' is not a Hydra launcher installed here"),
     ("a misspelled swept key", ["-m", "trainer.max_step=1,2"], "trainer.max_step",
      "is swept on the command line, but this config has no such setting; did you mean trainer.max_steps?"),
+    ("an interval in a grid", ["-m", "optimizer.lr=interval(1e-4,1e-2)"], "optimizer.lr",
+     "a range a grid cannot list"),
     ("a search written for another recipe", ["recipe=gpt", "hparams_search=lr_width"], "model.d_model",
      "is searched by hparams_search=lr_width (its hydra.sweeper.params), but this config has no such setting"),
     ("a sampler the recipe's checks refuse", ["hparams_search=lr_width", "hydra/sweeper/sampler=random",
