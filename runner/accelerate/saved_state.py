@@ -85,6 +85,10 @@ def save(directory: Path, objects: Objects, world_size: int, is_main: bool) -> P
 def load(directory: Path, objects: Objects, rank: int, world_size: int) -> None:
     """Every process: verify `directory` against its manifest, then restore it into the prepared objects. A
     directory Accelerate's save_state wrote is read as Accelerate lays it out (runner/accelerate/accelerate_dir.py)."""
+    if not directory.is_dir():
+        raise CheckpointError(f"load_state: {directory} {'is a file, not' if directory.exists() else 'is not'} a "
+                              f"directory (looked in {directory.absolute().parent}); give a directory written by "
+                              "save_state")
     if accelerate_dir.is_accelerate_dir(directory):
         accelerate_dir.load(directory, objects, rank)
         return

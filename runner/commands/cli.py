@@ -82,6 +82,13 @@ def main(argv: list[str] | None = None) -> None:
     from hydra._internal.utils import get_args_parser
 
     arguments = sys.argv[1:] if argv is None else argv
+    if arguments[:1] == ["--version"]:  # Hydra's own flag would print only Hydra's version
+        from importlib import metadata
+
+        import hydra
+
+        print(f"runner-ml {metadata.version('runner-ml')} (Hydra {hydra.__version__})")
+        return
     if arguments and arguments[0] in COMMANDS:
         import importlib
 

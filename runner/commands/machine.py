@@ -54,6 +54,9 @@ def parse(arguments: list[str]) -> dict[str, str]:
     settings, problems = {}, []
     for argument in arguments:
         key, equals, value = argument.partition("=")
+        if not equals and key in (*GROUPS, *KEYS):
+            problems.append(Problem(key, f"has no value: give {key}=VALUE"))
+            continue
         if not equals or key not in (*GROUPS, *KEYS):
             problems.append(Problem(key or argument, f"is not a machine setting; use {', '.join((*GROUPS, *KEYS))}"))
             continue

@@ -5,6 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 
+USAGE = ("usage: runner plan [OVERRIDES]   what the run these overrides describe would hold per process (weights, "
+         "gradients, optimizer state, batch), its FLOPs, step time and checkpoint time, without training")
+
+
 def describe_run(spec) -> str:
     """What `spec` (runner.run.compose.load's RunSpec) would train, per process: the model built on the meta device,
     its weights, gradients and optimizer state for the parallel setting and precision (runner/accelerate/memory.py),
@@ -132,8 +136,12 @@ def main(argv: list[str] | None = None) -> int:
     from runner.run.compose import load
     from runner.errors import RunnerError, exit_with
 
+    arguments = sys.argv[1:] if argv is None else argv
+    if arguments[:1] in (["-h"], ["--help"]):
+        print(USAGE)
+        return 0
     try:
-        print(describe_run(load(sys.argv[1:] if argv is None else argv)))
+        print(describe_run(load(arguments)))
     except RunnerError as err:
         exit_with(err)
     return 0

@@ -84,6 +84,9 @@ def parse(argv: list[str]) -> tuple[Path, SampleSettings]:
 
 def locate(path: Path) -> tuple[Path, Path, Path]:
     """(weights file, the config.yaml beside them, the run dir) for a run dir, checkpoint dir or weights file."""
+    if not path.exists():
+        raise ConfigError("sample", f"no such run dir or file '{path}' (looked in {path.absolute().parent}); give a "
+                          "run dir (with export/ or checkpoints/), a checkpoints/step_N dir or a .safetensors file")
     if path.is_file() and path.suffix == ".safetensors":
         return path, path.parent / "config.yaml", path.parent.parent
     if (path / "model.safetensors").is_file():
@@ -173,8 +176,12 @@ def sample(path: Path, settings: SampleSettings) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    arguments = sys.argv[1:] if argv is None else argv
+    if arguments[:1] in (["-h"], ["--help"]):
+        print(USAGE)
+        return 0
     try:
-        path, settings = parse(sys.argv[1:] if argv is None else argv)
+        path, settings = parse(arguments)
         texts = sample(path, settings)
     except RunnerError as err:
         exit_with(err)

@@ -143,9 +143,13 @@ def main(argv: list[str] | None = None) -> None:
     adopt_slurm_tasks()
     overrides, command = split_command(sys.argv[1:] if argv is None else argv)
     overrides += skypilot_machine_overrides(overrides)  # a SkyPilot task's nodes are the machines
+    usage = ("usage: python -m runner.launch [hardware=... hardware.num_processes=N gpu_ids=[...]] "
+             "my_script.py [its arguments]   (or: -m my_package.module [its arguments])")
+    if command[:1] in (["-h"], ["--help"]):
+        print(usage)
+        raise SystemExit(0)
     if not command or command == ["-m"]:
-        print("usage: python -m runner.launch [hardware=... hardware.num_processes=N gpu_ids=[...]] "
-              "my_script.py [its arguments]   (or: -m my_package.module [its arguments])", file=sys.stderr)
+        print(usage, file=sys.stderr)
         raise SystemExit(2)
     try:
         if command[0] != "-m" and not Path(command[0]).expanduser().is_file():  # before any rank starts

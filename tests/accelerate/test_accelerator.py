@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from runner.accelerate.accelerator import Accelerator, set_seed
 from runner.checkpoint import damage
+from runner.errors import CheckpointError
 from runner.distributed.dist import DistInfo
 from runner.accelerate.prepared import AcceleratedOptimizer, AcceleratedScheduler
 from tolerances import reordered_sum_bound
@@ -471,3 +472,11 @@ def test_tree_map_keeps_namedtuples_and_dataclasses():
     assert isinstance(inner, Batch) and isinstance(inner.pair, Pair) and inner.name == "b" and moved["n"] == 3
     assert inner.pair.inputs.tolist() == [2.0, 2.0] and inner.pair.targets.tolist() == [1.0, 1.0]
     assert inner.mask.tolist() == [2.0]
+
+
+def test_load_state_names_a_missing_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    accelerator = Accelerator()
+    accelerator.prepare(torch.nn.Linear(2, 2))
+    with pytest.raises(CheckpointError, match=rf"load_state: no_such_dir is not a directory \(looked in {tmp_path}\)"):
+        accelerator.load_state("no_such_dir")

@@ -207,6 +207,34 @@ def test_help_lists_every_command_before_the_config(capsys):
         assert callable(importlib.import_module(module).main)
 
 
+def test_version_and_each_commands_help(capsys):
+    """--version is the runner's (Hydra's flag named only Hydra's), and --help of each command prints its usage
+    and exits 0 (it was taken for an override, a run dir or a script)."""
+    from importlib import metadata
+
+    from runner.commands.cli import main
+
+    main(["--version"])
+    assert capsys.readouterr().out.startswith(f"runner-ml {metadata.version('runner-ml')} (Hydra ")
+    for command in ("plan", "sample", "launch"):
+        try:
+            main([command, "--help"])
+        except SystemExit as ended:
+            assert ended.code in (None, 0), command
+        captured = capsys.readouterr()
+        assert captured.out.startswith("usage: ") and "runner: error" not in captured.err, command
+
+
+def test_a_missing_run_dir_for_sample_is_named(tmp_path, monkeypatch, capsys):
+    from runner.commands.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as ended:
+        main(["sample", "nope"])
+    assert ended.value.code == 1
+    assert f"sample: no such run dir or file 'nope' (looked in {tmp_path})" in capsys.readouterr().err
+
+
 def test_gpt_vocab_is_the_learnt_tokenizer_size(run, tmp_path):
     """model.vocab_size: null becomes the trained tokenizer's size, not its cap (256): the first loss is about ln V,
     and the checkpoint's and the export's config.yaml record V, which `runner sample` rebuilds the model from."""

@@ -128,3 +128,9 @@ def test_init_without_a_terminal_says_so_and_writes_nothing(home, capsys, monkey
     assert ended.value.code == 1
     assert "machine init: reads its answers from the terminal and its input ended" in capsys.readouterr().err
     assert not (home / "local" / "machine.yaml").exists()
+
+
+def test_a_setting_without_a_value_says_so():
+    """`runner machine set precision` (no =VALUE) said precision "is not a machine setting" before listing it."""
+    with pytest.raises(ConfigError, match=r"precision: has no value: give precision=VALUE"):
+        machine.parse(["precision"])
