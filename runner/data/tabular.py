@@ -19,6 +19,7 @@ from runner.ground import install_hint
 from runner.hub import hub_unreachable
 
 FILE_FORMATS = ("csv", "json", "parquet")
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 def refuse_folder(split: str, path, wanted: str) -> None:
@@ -185,10 +186,19 @@ def check_table(dataset, key: str, source: str, label_column: str, feature_colum
             row = values.to_pylist().index(bad) + 1
             raise DataError(f"{key}: {source}, column '{column}' is not numeric (row {row} holds {bad!r}); features must "
                             "be numbers: list the numeric columns in data.feature_columns, or encode this one as numbers")
-        nans = pc.is_nan(values.cast("float64"))
+        as_float = values.cast("float64")
+        nans = pc.is_nan(as_float)
         if pc.any(nans).as_py():
             row = pc.index(nans, True).as_py() + 1
             raise DataError(f"{key}: {source}, column '{column}', row {row} is NaN; fill or drop such rows")
+        # inf, and what float32 (the features' type in the model) cannot hold: the first step's loss would be NaN,
+        # blamed on the learning rate.
+        beyond = pc.greater(pc.abs(as_float), FLOAT32_MAX)
+        if pc.any(beyond).as_py():
+            row = pc.index(beyond, True).as_py() + 1
+            raise DataError(f"{key}: {source}, column '{column}', row {row} is {as_float[row - 1].as_py()!r}, beyond "
+                            "what float32 holds (features become float32); fill or drop such rows, or rescale the "
+                            "column")
     labels = dataset.data.column(label_column)
     if labels.null_count:
         row = pc.index(pc.is_null(labels), True).as_py() + 1

@@ -39,6 +39,8 @@ TABLES = {
     "negative.csv": _csv(["a,b,label"] + [f"{i},{i * 2},{i % 3 - 1}" for i in range(12)]),
     "good.csv": _csv(["a,b,c,d,label"] + [f"{i},{i % 3},{i % 5},{i % 7},{['p', 'q', 'r'][i % 3]}" for i in range(30)]),
     "not_parquet.parquet": _csv(["a,b,label", "1,2,x"]),
+    "infinite.csv": _csv(["a,b,label", "1,2,x", "3,inf,y", "4,5,x"]),
+    "huge.csv": _csv(["a,b,label", "1,2,x", "1e300,4,y", "4,5,x"]),
     "unclosed.csv": _csv(["a,b,c,d,label", '1,2,3,4,"p']),
     "other_columns.csv": _csv(["a,b,c,e,label"] + [f"{i},{i % 3},{i % 5},{i % 7},{['p', 'q', 'r'][i % 3]}"
                                                    for i in range(6)]),
@@ -169,6 +171,9 @@ CASES = [
     ("header-only csv", [*TABULAR, "data.train=header.csv"], "data.train", "has a header and no data rows"),
     ("non-numeric feature", [*TABULAR, "data.train=words.csv"], "column 'b'", "row 2 holds 'red'"),
     ("empty cell", [*TABULAR, "data.train=hole.csv"], "column 'b', row 2", "is empty or NaN"),
+    ("an infinite cell", [*TABULAR, "data.train=infinite.csv"], "column 'b', row 2", "is inf, beyond what float32"),
+    ("a cell float32 cannot hold", [*TABULAR, "data.train=huge.csv"], "column 'a', row 2",
+     "is 1e+300, beyond what float32 holds"),
     ("a single class", [*TABULAR, "data.train=one_class.csv"], "data.label_column", "a single class ('x')"),
     ("unknown label column", [*TABULAR, "data.train=good.csv", "data.label_column=species"], "data.label_column",
      "columns are a, b, c, d, label"),
