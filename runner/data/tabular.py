@@ -71,39 +71,45 @@ def local_files(
     return to_classification(loaded, label_column, feature_columns)
 
 
-def read_files(format: str, data_files: dict[str, str], paths: dict[str, str]):
-    """`datasets.load_dataset(format)` over the user's files (`data_files`: split -> resolved path; `paths`: as the
-    user gave them). A file it cannot read is a DataError naming that file and why, instead of datasets' own
-    traceback."""
+def read_files(format: str, data_files: dict[str, Any], paths: dict[str, Any], **options):
+    """`datasets.load_dataset(format, **options)` over the user's files (`data_files`: split -> resolved path, or a
+    list of them; `paths`: as the user gave them). A file it cannot read is a DataError naming that file and why,
+    instead of datasets' own traceback."""
     import datasets
 
     try:
         with _datasets_errors_held_back():
-            return datasets.load_dataset(format, data_files=data_files)
-    except Exception:  # pandas / pyarrow / json parse errors: the file is not a table of this format
-        raise unreadable(format, data_files, paths) from None
+            return datasets.load_dataset(format, data_files=data_files, **options)
+    except Exception:  # pandas / pyarrow / json parse / decoding errors: a file is not of this format
+        raise unreadable(format, data_files, paths, **options) from None
 
 
-def unreadable(format: str, data_files: dict[str, str], paths: dict[str, str]) -> DataError:
+def unreadable(format: str, data_files: dict[str, Any], paths: dict[str, Any], **options) -> DataError:
     """Which of the files datasets could not read as `format`, and its reader's reason: each is read alone again,
-    as the message of a failure of both together names neither."""
+    as the message of a failure of several together names none."""
     import datasets
 
-    for split, path in data_files.items():
-        if os.path.getsize(path) == 0:
-            return DataError(f"data.{split}: {paths[split]} is empty; give a {format} file with a header and data rows")
-        if format == "csv" and _lines(path) <= 1:
-            return DataError(f"data.{split}: {paths[split]} has a header and no data rows; give one row per sample")
-        try:
-            with _datasets_errors_held_back():
-                datasets.load_dataset(format, data_files={split: path})
-        except Exception as err:
-            cause = err.__cause__ if isinstance(err, datasets.exceptions.DatasetGenerationError) else None
-            reason = cause or err
-            return DataError(f"data.{split}: cannot read {paths[split]} as {format}: {type(reason).__name__}: "
-                             f"{first_line(reason).rstrip('.')}")
-    return DataError(f"data: cannot read {' and '.join(paths.values())} together as {format}; each reads alone, so "
-                     "check that they have the same columns and types")
+    tables = format in FILE_FORMATS
+    for split, resolved in data_files.items():
+        several = isinstance(resolved, (list, tuple))
+        for path in resolved if several else [resolved]:
+            name = path if several else paths[split]  # one file: as the user wrote it
+            if tables and os.path.getsize(path) == 0:
+                return DataError(f"data.{split}: {name} is empty; give a {format} file with a header and data rows")
+            if format == "csv" and _lines(path) <= 1:
+                return DataError(f"data.{split}: {name} has a header and no data rows; give one row per sample")
+            try:
+                with _datasets_errors_held_back():
+                    datasets.load_dataset(format, data_files={split: path}, **options)
+            except Exception as err:
+                cause = err.__cause__ if isinstance(err, datasets.exceptions.DatasetGenerationError) else None
+                reason = cause or err
+                hint = (f"; it is not {options['encoding']} text: set data.encoding to its encoding"
+                        if isinstance(reason, UnicodeDecodeError) and "encoding" in options else "")
+                return DataError(f"data.{split}: cannot read {name} as {format}: {type(reason).__name__}: "
+                                 f"{first_line(reason).rstrip('.')}{hint}")
+    return DataError(f"data: cannot read {' and '.join(map(str, paths.values()))} together as {format}; each reads "
+                     "alone, so check that they have the same columns and types")
 
 
 @contextmanager

@@ -17,6 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
+from runner.data.tabular import read_files
 from runner.data.tokenizers import _digest, save_tokenizer, trained
 from runner.data.tokens import TokenStream
 from runner.errors import ConfigError, DataError
@@ -39,15 +40,14 @@ def text_files(
     command ran). Without `validation` files the last `validation_fraction` of the training lines is held out, as
     nanoGPT holds out the end of its text. `tokenizer` is a spec from runner.data.tokenizers; the trained tokenizer
     is saved in `tokenizer_dir` (the recipes point it at `<run dir>/tokenizer`, where `runner.commands.sample` finds it)."""
-    import datasets
-
     if block_size < 1:
         raise ConfigError("data.block_size", f"is {block_size}; it must be 1 or more")
     data_files = {"train": _files("data.train", train)}
     if validation is not None:
         data_files["validation"] = _files("data.validation", validation)
     # keep_linebreaks: the stream is the files' text exactly, newlines included (a character model learns them).
-    lines = datasets.load_dataset("text", data_files=data_files, keep_linebreaks=True, encoding=encoding)
+    lines = read_files("text", data_files, {"train": train, "validation": validation}, keep_linebreaks=True,
+                       encoding=encoding)
     if "validation" not in lines:
         lines = _hold_out(lines["train"], validation_fraction)
     cache_dir = _cache_dir(lines["train"])

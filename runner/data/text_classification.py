@@ -75,7 +75,27 @@ def labelled_texts(train: str, validation: str | None = None, format: str | None
         if column not in loaded["train"].column_names:
             raise ConfigError(key, f"'{column}' is not a column of the data; columns are "
                                    f"{', '.join(loaded['train'].column_names)}")
+    for split, table in loaded.items():
+        check_texts(table, f"data.{split}", paths[split], text_column, label_column)
     if "validation" not in loaded:
         held_out = loaded["train"].train_test_split(test_size=validation_fraction, seed=seed)
         loaded = datasets.DatasetDict({"train": held_out["train"], "validation": held_out["test"]})
     return loaded
+
+
+def check_texts(table, key: str, source: str, text_column: str, label_column: str) -> None:
+    """What the tokenizer and the label encoder cannot take, named by column and row (rows count from 1, the header
+    aside): an empty text or label, or a text column that holds numbers."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    for column, what in ((text_column, "text"), (label_column, "label")):
+        values = table.data.column(column)
+        if values.null_count:
+            row = pc.index(pc.is_null(values), True).as_py() + 1
+            raise DataError(f"{key}: {source}, column '{column}', row {row} is empty; every row needs a {what}: "
+                            "fill or drop such rows")
+    texts = table.data.column(text_column)
+    if not (pa.types.is_string(texts.type) or pa.types.is_large_string(texts.type)):
+        raise DataError(f"{key}: {source}, column '{text_column}' holds {texts.type} values, not text (row 1: "
+                        f"{texts[0].as_py()!r}); data.text_column names the column of texts")

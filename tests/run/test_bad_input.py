@@ -41,10 +41,14 @@ TABLES = {
     "not_parquet.parquet": _csv(["a,b,label", "1,2,x"]),
     "infinite.csv": _csv(["a,b,label", "1,2,x", "3,inf,y", "4,5,x"]),
     "huge.csv": _csv(["a,b,label", "1,2,x", "1e300,4,y", "4,5,x"]),
+    "no_text.csv": _csv(["text,label", "hello world,a", ",b", "foo bar,a", "baz,b"]),
+    "numbers_as_text.csv": _csv(["text,label", "5,a", "6,b", "7,a", "8,b"]),
+    "no_label.csv": _csv(["text,label", "hello,a", "world,", "foo,a", "bar,b"]),
     "unclosed.csv": _csv(["a,b,c,d,label", '1,2,3,4,"p']),
     "other_columns.csv": _csv(["a,b,c,e,label"] + [f"{i},{i % 3},{i % 5},{i % 7},{['p', 'q', 'r'][i % 3]}"
                                                    for i in range(6)]),
 }
+NOT_UTF8 = {"latin1.txt": "café au lait\n".encode("latin-1") * 20}  # text in another encoding
 TABULAR = ("recipe=tabular_csv",)
 BAD_RECIPE = "# @package _global_\ntrainer:\n  max_steps: [1\n"
 
@@ -183,6 +187,15 @@ CASES = [
      "data.validation", "cannot read unclosed.csv as csv: ParserError"),
     ("texts in a file that does not parse", ["recipe=text_classification", "data.train=unclosed.csv"], "data.train",
      "cannot read unclosed.csv as csv: ParserError"),
+    ("an empty text", ["recipe=text_classification", "data.train=no_text.csv"], "data.train",
+     "no_text.csv, column 'text', row 2 is empty; every row needs a text"),
+    ("numbers where texts go", ["recipe=text_classification", "data.train=numbers_as_text.csv"], "data.train",
+     "column 'text' holds int64 values, not text"),
+    ("an empty label of a text", ["recipe=text_classification", "data.train=no_label.csv"], "data.train",
+     "no_label.csv, column 'label', row 2 is empty; every row needs a label"),
+    ("text in another encoding", ["recipe=gpt", "data.train=latin1.txt"], "data.train",
+     "UnicodeDecodeError: 'utf-8' codec can't decode byte 0xe9 in position 3: invalid continuation byte; it is "
+     "not utf-8 text: set data.encoding"),
     ("an empty text file", ["recipe=gpt", "data.train=empty.txt"], "data.train", "empty.txt is empty; give text"),
     ("a validation file with other columns", [*TABULAR, "data.train=good.csv", "data.validation=other_columns.csv"],
      "data.validation", "other_columns.csv has other columns than data.train (good.csv): it lacks d; it has e, "
@@ -216,6 +229,8 @@ def user_folder(tmp_path, monkeypatch):
     (tmp_path / NOTEBOOK).write_text('{"cells": []}\n')
     for name, text in TABLES.items():
         (tmp_path / name).write_text(text)
+    for name, data in NOT_UTF8.items():
+        (tmp_path / name).write_bytes(data)
     (tmp_path / "myconf" / "recipe").mkdir(parents=True)
     (tmp_path / "myconf" / "recipe" / "broken.yaml").write_text(BAD_RECIPE)
     monkeypatch.chdir(tmp_path)
