@@ -18,6 +18,8 @@ from runner.errors import ConfigError, DataError, first_line
 from runner.ground import install_hint
 from runner.hub import hub_unreachable
 
+log = logging.getLogger(__name__)
+
 FILE_FORMATS = ("csv", "json", "parquet")
 FLOAT32_MAX = 3.4028234663852886e38
 
@@ -340,7 +342,19 @@ def _label_encoder(splits, label_column: str):
     import datasets
     import pyarrow.compute as pc
 
-    if _is_string(splits["train"].features[label_column]):
+    named = _is_string(splits["train"].features[label_column])
+    for split, table in splits.items():
+        if _is_string(table.features[label_column]) != named:
+            kinds = {True: "class names (text)", False: f"{table.features[label_column].dtype} values"}
+            raise DataError(f"data.{split}: its label column '{label_column}' holds {kinds[not named]}, and "
+                            f"data.train's holds {kinds[named]}; give every split the same kind of labels")
+    trained = set(splits["train"].unique(label_column))
+    for split, table in splits.items():
+        unseen = sorted(set(table.unique(label_column)) - trained, key=str)
+        if unseen:
+            log.warning("data.%s holds label(s) the training split lacks, which the model cannot learn: %s", split,
+                        ", ".join(map(repr, unseen[:10])) + (" ..." if len(unseen) > 10 else ""))
+    if named:
         names = sorted(set().union(*(split.unique(label_column) for split in splits.values())))
         classes = datasets.ClassLabel(names=names)
         return classes.str2int, classes

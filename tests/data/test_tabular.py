@@ -111,3 +111,20 @@ def test_an_unreadable_file_is_reported_once(tmp_path, caplog):
     with pytest.raises(DataError, match=r"data.train: cannot read .*table.parquet as parquet: ArrowInvalid"):
         local_files(str(tmp_path / "table.parquet"))
     assert not [record for record in caplog.records if "ArrowInvalid" in record.getMessage()]
+
+
+def test_labels_the_training_split_lacks_are_named(tmp_path, caplog):
+    """A validation file with a class the training file lacks trains silently otherwise (the model cannot learn
+    it); labels of another kind (numbers against class names) are refused."""
+    from runner.data.tabular import _label_encoder
+
+    rows = "".join(f"{i},{i % 3},{i % 2 + (7 if i == 3 else 0)}\n" for i in range(20))
+    (tmp_path / "train.csv").write_text("a,b,label\n" + "".join(f"{i},{i % 3},{i % 2}\n" for i in range(40)))
+    (tmp_path / "validation.csv").write_text("a,b,label\n" + rows)
+    local_files(str(tmp_path / "train.csv"), validation=str(tmp_path / "validation.csv"))
+    assert "data.validation holds label(s) the training split lacks, which the model cannot learn: 8" in caplog.text
+    splits = {"train": datasets.Dataset.from_dict({"label": ["x", "y"]}),
+              "validation": datasets.Dataset.from_dict({"label": [0, 1]})}
+    with pytest.raises(DataError, match=r"data.validation: its label column 'label' holds int64 values, and "
+                                        r"data.train's holds class names \(text\)"):
+        _label_encoder(splits, "label")
