@@ -31,11 +31,11 @@ from torch import nn
 
 from runner.distributed import dist as distributed
 from runner.accelerate import parallel
-from runner.config import ParallelConfig, ParallelKind
+from runner.config import ParallelConfig, ParallelKind, PrecisionKind
 from runner.distributed.devices import Hardware, for_device, this_process
 from runner.accelerate.parallel import chosen_settings, follow_replaced_parameters
 from runner.distributed.dist import DistInfo
-from runner.errors import ConfigError, Problem
+from runner.errors import ConfigError, HardwareError, Problem
 from runner.accelerate.precision import Precision, autocast_forward, plain_forward
 from runner.accelerate import collectives
 from runner.accelerate.extras import AcceleratorExtras
@@ -50,6 +50,33 @@ from runner.accelerate.prepared import AcceleratedOptimizer, AcceleratedSchedule
 
 ACCELERATE_PRECISION = {"no": "fp32", None: "fp32"}  # Accelerate's mixed_precision names that differ from ours
 _NO_SYNC = nullcontext()
+
+
+def precision_kind(precision: str | None, mixed_precision: str | None) -> str:
+    """The runner's precision name from either way of giving it (Accelerate's mixed_precision, or precision), each
+    checked: given both, they must agree."""
+    valid = [*(kind.value for kind in PrecisionKind), *(name for name in ACCELERATE_PRECISION if name)]
+    for name, value in (("precision", precision), ("mixed_precision", mixed_precision)):
+        if value is not None and value not in valid:
+            raise ConfigError(Problem(f"Accelerator({name})", f"is {value!r}; choose one of {', '.join(valid)}"))
+    kinds = {name: ACCELERATE_PRECISION.get(value, value) for name, value in
+             (("precision", precision), ("mixed_precision", mixed_precision)) if value is not None}
+    if len(set(kinds.values())) > 1:
+        raise ConfigError(Problem("Accelerator(precision)", (
+            f"is {precision!r} and mixed_precision is {mixed_precision!r}: give the precision once")))
+    return next(iter(kinds.values()), "fp32")
+
+
+def check_device(device: str | torch.device) -> None:
+    """An explicit device: one torch knows, and for CUDA, one this torch can use (else it failed at prepare())."""
+    try:
+        device_type = torch.device(device).type
+    except (RuntimeError, TypeError):
+        raise ConfigError(Problem("Accelerator(device)", (
+            f"is {device!r}, which torch does not know as a device; give 'cpu', 'cuda', 'cuda:N' or 'xla'"))) from None
+    if device_type == "cuda" and not torch.cuda.is_available():
+        raise HardwareError(f"Accelerator(device={device!r}): this torch cannot use a CUDA GPU here "
+                            f"({'a CPU-only build' if torch.version.cuda is None else 'no GPU found'}); give 'cpu'")
 
 
 class Accelerator(AcceleratorExtras):
@@ -93,6 +120,8 @@ class Accelerator(AcceleratorExtras):
         computes its loss from the low-precision outputs (an fp32 copy of a large vocabulary's logits costs memory),
         so it passes False."""
         self.dist = dist or DistInfo.from_env()
+        if device is not None and not cpu:
+            check_device(device)
         if hardware is None:
             hardware = for_device("cpu" if cpu else device) if (cpu or device is not None) else this_process()
         self.hardware = hardware
@@ -109,7 +138,7 @@ class Accelerator(AcceleratorExtras):
         if precision is None and mixed_precision is None:
             # Set by `runner launch` (from the machine's config or its command line) and by `accelerate launch`.
             mixed_precision = os.environ.get("ACCELERATE_MIXED_PRECISION") or None
-        kind = precision or ACCELERATE_PRECISION.get(mixed_precision, mixed_precision)
+        kind = precision_kind(precision, mixed_precision)
         self.precision = Precision(kind, self.device.type)
         ddp_settings, scaler_settings = split_handlers(kwargs_handlers)
         self.scaler = make_scaler(self.precision.make_scaler(), self.device.type, scaler_settings)

@@ -120,6 +120,12 @@ def distributed_type(device_type: str, num_processes: int, parallel_kind: str) -
 
 def accumulation_steps(steps: int | None, legacy: int, plugin: GradientAccumulationPlugin | None):
     """The accumulation count and plugin from either way of giving it (not both, as in Accelerate)."""
+    for name, value in (("gradient_accumulation_steps", steps), ("grad_accum_steps", legacy)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConfigError(Problem(f"Accelerator({name})", f"is {value!r}; it must be a whole number, 1 or more"))
+    if steps is not None and legacy != 1 and steps != legacy:
+        raise ConfigError(Problem("Accelerator(gradient_accumulation_steps)", (
+            f"is {steps} and grad_accum_steps is {legacy}: give the count once")))
     if plugin is not None:
         if steps not in (None, 1):
             raise ConfigError(Problem("Accelerator(gradient_accumulation_plugin)", (

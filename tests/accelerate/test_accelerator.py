@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from runner.accelerate.accelerator import Accelerator, set_seed
 from runner.checkpoint import damage
-from runner.errors import CheckpointError
+from runner.errors import CheckpointError, ConfigError, HardwareError
 from runner.distributed.dist import DistInfo
 from runner.accelerate.prepared import AcceleratedOptimizer, AcceleratedScheduler
 from tolerances import reordered_sum_bound
@@ -480,3 +480,24 @@ def test_load_state_names_a_missing_directory(tmp_path, monkeypatch):
     accelerator.prepare(torch.nn.Linear(2, 2))
     with pytest.raises(CheckpointError, match=rf"load_state: no_such_dir is not a directory \(looked in {tmp_path}\)"):
         accelerator.load_state("no_such_dir")
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (dict(gradient_accumulation_steps=0), r"Accelerator\(gradient_accumulation_steps\): is 0; it must be a whole"),
+    (dict(gradient_accumulation_steps=-1), r"is -1; it must be a whole number, 1 or more"),  # -1 trained as 1
+    (dict(gradient_accumulation_steps="2"), r"is '2'; it must be a whole number"),
+    (dict(grad_accum_steps=2, gradient_accumulation_steps=4), r"is 4 and grad_accum_steps is 2: give the count once"),
+    (dict(mixed_precision="fp15"), r"Accelerator\(mixed_precision\): is 'fp15'; choose one of fp32, fp16, bf16, fp8"),
+    (dict(precision="fp32", mixed_precision="bf16"), r"is 'fp32' and mixed_precision is 'bf16': give the precision"),
+    (dict(device="gpu"), r"Accelerator\(device\): is 'gpu', which torch does not know as a device"),
+])
+def test_bad_arguments_are_named(arguments, message):
+    """Each was taken silently (a count of 0 or -1 became 1, a conflict picked one side) or failed in torch."""
+    with pytest.raises(ConfigError, match=message):
+        Accelerator(**arguments)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="asserts what a machine without CUDA says")
+def test_cuda_without_a_gpu_is_named_at_once():
+    with pytest.raises(HardwareError, match=r"Accelerator\(device='cuda'\): this torch cannot use a CUDA GPU here"):
+        Accelerator("cuda")
