@@ -307,9 +307,13 @@ def _fail(err: RunnerError, run_dir: rundir.RunDir, multirun: bool) -> float:
         from runner.sweep.callback import SweepJobFailed
 
         run_dir.unlock()
-        job = HydraConfig.get().job.num
+        hydra = HydraConfig.get()
+        # A job that submitit runs (hydra/launcher=slurm, slurm_local) prints into its own log files, not above the
+        # line the launching process shows for it: that line then carries the error itself.
+        where = (f"its error: {message}" if "submitit" in str(OmegaConf.select(hydra, "launcher._target_"))
+                 else "its error is above")
         # The sweeper records this job as failed and runs the others.
-        raise SweepJobFailed(f"job {job} failed (its error is above; sweep_report.md lists every job)") from err
+        raise SweepJobFailed(f"job {hydra.job.num} failed ({where}; sweep_report.md lists every job)") from err
     if started:
         run_dir.unlock()
     else:

@@ -141,12 +141,15 @@ def test_joblib_runs_jobs_in_parallel_processes(cli):
 
 @pytest.mark.slow
 def test_submitit_local_runs_the_slurm_code_path(cli):
-    result = cli("-m", *FAST, "hydra/launcher=slurm_local", "optimizer.lr=1e-3,3e-4")
-    assert result.returncode == 0, result.output
+    """Its jobs print into submitit's log files: the launching process's line for a failed job carries the error
+    (it said "its error is above", where it was not)."""
+    result = cli("-m", *FAST, "hydra/launcher=slurm_local", "optimizer.lr=1e-3,abc")
+    assert result.returncode == 1, result.output
+    assert ("job 1 failed (its error: bad config: optimizer.lr: is 'abc', text where torch.optim.AdamW takes a "
+            "number") in result.output
     (sweep,) = sweep_dirs(result)
     rows = report_rows(sweep)
-    assert sorted(float(row["optimizer.lr"]) for row in rows) == [3e-4, 1e-3]
-    assert all(row["status"] == "completed" for row in rows)
+    assert [(row["optimizer.lr"], row["status"]) for row in rows] == [("0.001", "completed"), ("abc", "failed")]
     assert list((sweep / ".submitit").glob("*/*_log.out"))  # submitit's own per-job logs
 
 
