@@ -246,10 +246,12 @@ class Storage:
 
 def _access_message(url: str, err: Exception, writing: bool = True) -> str:
     text = f"{type(err).__name__}: {first_line(err)}".rstrip(": ")
-    if isinstance(err, PermissionError):
+    missing = "Credential" in type(err).__name__  # botocore's NoCredentialsError, PartialCredentialsError, ...
+    if isinstance(err, PermissionError) or missing:
         needs = "list, read, write and delete objects under the prefix" if writing else "list and read objects there"
-        why = ("refused the credentials. For S3 set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), "
-               f"and AWS_ENDPOINT_URL for an S3-compatible server; the identity needs to {needs}")
+        why = (f"{'found no credentials to use' if missing else 'refused the credentials'}. For S3 set "
+               "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), and AWS_ENDPOINT_URL for an "
+               f"S3-compatible server; the identity needs to {needs}")
     elif isinstance(err, FileNotFoundError):
         why = ("names a bucket that does not exist (or that these credentials cannot see)"
                + (": create it first" if writing else ""))

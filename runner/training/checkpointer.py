@@ -34,7 +34,9 @@ from runner.checkpoint.resume import refuse_inexact_resume
 from runner.checkpoint.rng import capture_rng, restore_rng
 from runner.config import CheckpointConfig, MonitorMode
 from runner.distributed.dist import all_gather_object, all_reduce, barrier, broadcast_object
-from runner.errors import CheckpointError, NonFiniteLoss, ResumeRefused, first_line, write_error, yaml_problem
+from runner.errors import (
+    CheckpointError, NonFiniteLoss, ResumeRefused, RunnerError, first_line, write_error, yaml_problem,
+)
 from runner.ground import better, flatten
 from runner.accelerate.parallel import is_sharded
 from runner.accelerate.prepared import unwrap_optimizer
@@ -325,7 +327,9 @@ class Checkpointer:
         local write error (the local files are complete)."""
         try:
             yield
-        except (OSError, ValueError, RuntimeError) as err:
+        except RunnerError:
+            raise
+        except Exception as err:  # each storage library has its own (botocore's EndpointConnectionError is no OSError)
             raise CheckpointError(f"checkpoint: {doing} failed ({type(err).__name__}: {first_line(err)}); "
                                   f"{consequence}") from err
 

@@ -405,3 +405,32 @@ def test_an_upload_that_fails_during_training_names_the_storage(aws, tmp_path, m
                                               r"complete in .*resume=auto on this machine continues from it"):
         save(saver, model, optimizer, 2)
     assert files.damage(tmp_path / "checkpoints" / "step_00000002") is None
+
+
+def test_storage_that_goes_away_during_training_names_the_storage(aws, tmp_path):
+    """The S3 server unreachable at the next upload: botocore's EndpointConnectionError, which is no OSError, ended
+    the run in a 200-line traceback. It is one message naming the storage, and the checkpoint is complete on
+    disk."""
+    import s3fs
+
+    model, optimizer = trained_objects()
+    saver = checkpointer(tmp_path, f"s3://{BUCKET}/gone")
+    save(saver, model, optimizer, 1)
+    # The same bucket behind an endpoint where nothing listens (the discard port), with no retries to wait out.
+    saver.storage.fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": "http://127.0.0.1:9"},
+                                         config_kwargs={"retries": {"max_attempts": 1}}, skip_instance_cache=True)
+    with pytest.raises(CheckpointError, match=r"checkpoint: uploading step_00000002 to s3://ckpt/gone/checkpoints "
+                                              r"failed \(EndpointConnectionError: .*\); it was not committed there"):
+        save(saver, model, optimizer, 2)
+    assert files.damage(tmp_path / "checkpoints" / "step_00000002") is None
+
+
+def test_missing_credentials_are_not_called_a_network_problem():
+    """No AWS key at all: it said 'a wrong endpoint, or no network?'."""
+    from botocore.exceptions import NoCredentialsError
+
+    from runner.checkpoint.remote import _access_message
+
+    message = _access_message("s3://ckpt/x", NoCredentialsError())
+    assert message.startswith("is s3://ckpt/x, which found no credentials to use. For S3 set AWS_ACCESS_KEY_ID")
+    assert "no network" not in message
