@@ -24,6 +24,7 @@ from typing import Any, Iterator
 from runner.distributed.devices import Hardware
 from runner.distributed.dist import RUNNER_RUN_ID, DistInfo, threads_per_process
 from runner.distributed.signals import handling
+from runner.errors import Preempted
 
 log = logging.getLogger(__name__)
 
@@ -162,10 +163,12 @@ def run_agent(hardware: Hardware, log_dir: Path, entrypoint: Any, args: tuple, s
 
     thread = threading.Thread(target=agent, name="runner-agent", daemon=True)
     threads = threads_per_process(DistInfo(local_world_size=hardware.processes_per_machine), hardware.threads_per_process)
+    seen: set[int] = set()  # the workers record_exits has watched: none yet while the agent waits for its peers
     with omp_threads_for_workers(threads), fresh_stores_on_restart(hardware.max_restarts), \
-            quiet_torch_launcher_logs(), forward_to_workers(stop_signals) as outcome.forwarded:
+            quiet_torch_launcher_logs(), forward_to_workers(stop_signals, seen) as outcome.forwarded:
         thread.start()
-        threading.Thread(target=record_exits, args=(outcome.exited, done), name="runner-exits", daemon=True).start()
+        threading.Thread(target=record_exits, args=(outcome.exited, done, seen), name="runner-exits",
+                         daemon=True).start()
         try:
             while not done.wait(0.2):
                 pass
@@ -179,12 +182,12 @@ def run_agent(hardware: Hardware, log_dir: Path, entrypoint: Any, args: tuple, s
 EXIT_WATCH_S = 0.05  # how often new workers are looked for
 
 
-def record_exits(exited: dict[int, float], done: threading.Event) -> None:
-    """Until `done`: for each child of this process, the moment it exits, into `exited`. One waiting thread per
-    child, with waitid's WNOWAIT, which leaves the exited child for the agent to collect as usual."""
+def record_exits(exited: dict[int, float], done: threading.Event, watched: set[int]) -> None:
+    """Until `done`: for each child of this process, the moment it exits, into `exited` (and its pid into
+    `watched`). One waiting thread per child, with waitid's WNOWAIT, which leaves the exited child for the agent to
+    collect as usual."""
     if not hasattr(os, "waitid"):  # not POSIX: only the launcher's own timestamps
         return
-    watched: set[int] = set()
 
     def wait_for(pid: int) -> None:
         try:
@@ -247,14 +250,18 @@ def _environment(name: str, value: str) -> Iterator[None]:
 
 
 @contextmanager
-def forward_to_workers(stop_signals) -> Iterator[list[signal.Signals]]:
+def forward_to_workers(stop_signals, started: set[int]) -> Iterator[list[signal.Signals]]:
     """While the workers run, a stop signal sent to this process (a scheduler's, `kill`) goes on to them; the
-    list it yields records which arrived."""
+    list it yields records which arrived. Before any worker started (`started`: the workers seen so far; none while
+    the agent waits at the rendezvous for the other machines), it ends the run at once, as during start-up."""
     received: list[signal.Signals] = []
 
     def forward(signum, frame) -> None:
         received.append(signal.Signals(signum))
-        for pid in child_pids():
+        workers = child_pids()
+        if not workers and not started:
+            raise Preempted(signal.Signals(signum).name, None, None)
+        for pid in workers:
             try:
                 os.kill(pid, signum)
             except ProcessLookupError:

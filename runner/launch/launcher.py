@@ -170,6 +170,9 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         print("runner: interrupted (Ctrl-C)", file=sys.stderr)
         raise SystemExit(INTERRUPTED_EXIT_CODE)
+    except Preempted as stop:  # a stop signal before the script's ranks started (waiting for other machines)
+        print(f"runner: {stop}", file=sys.stderr)
+        raise SystemExit(PREEMPTED_EXIT_CODE)
     raise SystemExit(code)
 
 

@@ -192,6 +192,33 @@ def test_a_sigterm_during_start_up_exits_75(tmp_path):
     assert "Traceback" not in out + err
 
 
+def test_a_sigterm_while_waiting_for_the_other_machines_exits_75(tmp_path):
+    """Machine 0 of 2, its peer never comes: the launcher waits at the rendezvous with no worker to pass a stop
+    signal on to. It ignored SIGTERM until hardware.timeout_s (600 s); it ends at once."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = _start(tmp_path, *FORK, *SMALL, "hardware.num_machines=2", "hardware.machine_rank=0",
+                  "hardware.main_process_ip=127.0.0.1", f"hardware.main_process_port={port}")
+    wait_for(lambda: "launching 2 worker process(es) on machine 0 of 2" in (tmp_path / "run" / "runner.log").read_text()
+             if (tmp_path / "run" / "runner.log").is_file() else False, "the launcher to wait for machine 1",
+             poll_s=0.05)
+    time.sleep(0.5)  # inside the rendezvous
+    proc.send_signal(signal.SIGTERM)
+    try:
+        out, err = proc.communicate(timeout=60)  # it used to wait out hardware.timeout_s
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"still waiting for the other machine 60 s after SIGTERM:\n{err[-2000:]}")
+    code = proc.returncode
+    assert code == 75, err
+    assert "runner: stopped by SIGTERM before training started; nothing was trained or saved" in err
+    assert "Traceback" not in out + err
+
+
 def test_a_sigterm_after_preflight_is_reported_too(tmp_path):
     """The signal lands after preflight wrote config.yaml and before the worker installs its own handler (the
     moment the test above waits for): still exit 75 and one line, never the default action's silent death."""
