@@ -49,8 +49,8 @@ def launch_on_ray(spec: RunSpec) -> dict[str, float]:
     worker.prepare_data(spec.config)  # generate and cache once, here, before the workers read it
     address = spec.config.hardware.ray_address
     if not ray.is_initialized():
-        ray.init(address=address, include_dashboard=False, log_to_driver=False,
-                 **({} if address else {"num_cpus": max(workers, _cpus())}))
+        _connect(ray, address, workers)
+    _say_what_the_cluster_lacks(ray, address, workers, hardware.device_type == "cuda")
     log.info("launching %d Ray Train worker(s) on the Ray cluster %s; their logs: %s", workers,
              address or "started here for this run", Path(spec.run_dir) / "runner_rank<N>.log")
     storage = Path(spec.run_dir).resolve() / RAY_DIR
@@ -98,6 +98,39 @@ def _ray_worker(config: dict) -> None:
     if dist.is_main:
         write_text_atomically(marker.parent / FINAL_METRICS, json.dumps(numbers))
     ray.train.report(numbers)  # what Ray shows; every worker reports, as Ray Train asks
+
+
+def _connect(ray, address: str | None, workers: int) -> None:
+    """ray.init: a cluster started here for this run (no address), or the one at `address`. An address where
+    nothing listens is named at once: Ray itself retries the connection for minutes, printing only its warnings."""
+    host, _, port = (address or "").rpartition(":")
+    if address and "://" not in address and host and port.isdigit():
+        import socket
+
+        try:
+            socket.create_connection((host, int(port)), timeout=5).close()
+        except OSError as err:
+            raise LaunchError(f"hardware.ray_address: is {address}, where no Ray cluster answers ({err}); give the "
+                              "address `ray start --head` printed (HOST:6379), auto for the cluster started on this "
+                              "machine, or null to start one for this run") from None
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                 **({} if address else {"num_cpus": max(workers, _cpus())}))
+    except ConnectionError as err:  # address=auto with no cluster running here, among others
+        raise LaunchError(f"hardware.ray_address: is {address}, and no Ray cluster was found ({_last_line(err)}); "
+                          "start one with `ray start --head` and give its address (or auto on that machine), or "
+                          "leave hardware.ray_address null to start one for this run") from None
+
+
+def _say_what_the_cluster_lacks(ray, address: str | None, workers: int, gpus: bool) -> None:
+    """Ray Train waits, with no word, until the cluster has a CPU (or GPU) per worker: say so when it has fewer
+    now. An autoscaling cluster adds nodes for them, so this is a warning, not a refusal."""
+    kind = "GPU" if gpus else "CPU"
+    has = ray.cluster_resources().get(kind, 0)
+    if has < workers:
+        log.warning("the Ray cluster %s has %g %s(s) in all and the %d Ray Train worker(s) take one each: Ray waits "
+                    "until the cluster has them (an autoscaling cluster adds nodes); otherwise lower "
+                    "hardware.num_processes or add nodes (Ctrl-C stops the wait)", address, has, kind, workers)
 
 
 def _cpus() -> int:

@@ -93,3 +93,16 @@ def test_ray_needs_several_workers(tmp_path):
     assert "hardware.launcher: is ray, which starts several workers; cpu runs one process: use hardware=multi_cpu " \
            "or multi_gpu" in result.stderr, result.stderr
     assert result.run_dirs() == []
+
+
+def test_an_address_where_no_cluster_answers_is_named_at_once():
+    """Ray itself retries such an address for minutes, printing only its own warnings."""
+    import ray
+
+    from runner.errors import LaunchError
+    from runner.launch.ray_train import _connect
+
+    with pytest.raises(LaunchError, match=r"hardware.ray_address: is 127.0.0.1:9, where no Ray cluster answers "
+                                          r"\(.*refused\); give the address `ray start --head` printed"):
+        _connect(ray, "127.0.0.1:9", 2)
+    assert not ray.is_initialized()
