@@ -134,6 +134,19 @@ def test_a_rank_that_lost_its_peer_is_not_named_first():
         "another rank)")
 
 
+def test_a_launcher_the_script_cannot_have_is_refused(tmp_path, capsys, monkeypatch):
+    """hardware.launcher=ray was ignored: the script ran under torch's launcher, with no word."""
+    from runner.launch.launcher import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("print('ran')\n")
+    with pytest.raises(SystemExit) as ended:
+        main(["hardware=multi_cpu", "hardware.launcher=ray", "train.py"])
+    err = capsys.readouterr().err
+    assert ended.value.code == 1 and "runner: error: hardware.launcher: is ray, which starts the runner's own" in err
+    assert not (tmp_path / "outputs").exists()
+
+
 def test_the_script_arguments_pass_on_untouched():
     assert split_command(["hardware=multi_cpu", "gpu_ids=[0,1]", "train.py", "--lr=3", "x=1"]) == (
         ["hardware=multi_cpu", "gpu_ids=[0,1]"], ["train.py", "--lr=3", "x=1"])
