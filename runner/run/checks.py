@@ -5,6 +5,8 @@ Every problem is collected and reported at once (one ConfigError), each naming i
 
 from __future__ import annotations
 
+import os
+
 from runner.config.instantiate import target_problems
 from runner.config import Launcher, ParallelKind, RunConfig, StartMethod
 from runner.distributed.devices import KINDS, Hardware
@@ -109,6 +111,11 @@ def _ray_problems(hardware, resolved: Hardware, several: bool) -> list[Problem]:
     return []
 
 
+# CPU processes per core a run may start: oversubscribing a few times is useful (tests of several ranks on a laptop),
+# and a typo (num_processes=1000000) started a million interpreters and wrote a folder for each before failing.
+MAX_PROCESSES_PER_CORE = 16
+
+
 def launch_problems(config: RunConfig, resolved: Hardware) -> list[Problem]:
     """Process counts, machines, rendezvous and timeouts that cannot work together."""
     hardware, problems = config.hardware, []
@@ -141,6 +148,17 @@ def launch_problems(config: RunConfig, resolved: Hardware) -> list[Problem]:
             if getattr(hardware, name) is None:
                 problems.append(Problem(f"hardware.{name}", f"is not set; a run on {hardware.num_machines} machines "
                                         "meets at machine 0's address and a free port on it, the same on every machine"))
+        port = hardware.main_process_port
+        if port is not None and not 1 <= port <= 65535:
+            problems.append(Problem("hardware.main_process_port", f"is {port}; it must be a TCP port, 1 .. 65535, "
+                                    "free on machine 0 (the same on every machine)"))
+    cores = os.cpu_count() or 1
+    if resolved.device_type == "cpu" and not resolved.external_launcher and \
+            resolved.processes_per_machine > MAX_PROCESSES_PER_CORE * cores:
+        problems.append(Problem("hardware.num_processes", (
+            f"is {resolved.processes_per_machine}, more than {MAX_PROCESSES_PER_CORE} per CPU core of this machine "
+            f"({cores} cores): each process is a Python interpreter with torch and its own folder of logs; use "
+            f"{MAX_PROCESSES_PER_CORE * cores} or fewer (one per core trains fastest)")))
     if hardware.launcher is Launcher.ray:
         problems += _ray_problems(hardware, resolved, several)
     if hardware.start_method is StartMethod.fork and resolved.device_type == "cuda":

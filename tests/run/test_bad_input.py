@@ -126,6 +126,11 @@ CASES = [
      "hydra.job_logging.handlers.console.class", "'sidefx.Handler' is not under an allowed module prefix"),
     ("a logging stream that imports a module", ["hydra.hydra_logging.handlers.console.stream=ext://sidefx.stream"],
      "hydra.hydra_logging.handlers.console.stream", "'sidefx.stream' is not under an allowed module prefix"),
+    ("a million processes", ["hardware=multi_cpu", "hardware.num_processes=1000000"], "hardware.num_processes",
+     "is 1000000, more than 16 per CPU core of this machine"),
+    ("a port out of range", ["hardware=multi_cpu", "hardware.num_machines=2", "hardware.main_process_ip=127.0.0.1",
+                             "hardware.main_process_port=70000"], "hardware.main_process_port",
+     "is 70000; it must be a TCP port, 1 .. 65535"),
     # Sweeps: what every trial would meet, said once before the first.
     ("a launcher that is not a Hydra plugin", ["-m", "hydra.launcher._target_=os.system"], "hydra.launcher._target_",
      "'os.system' is not a Hydra launcher installed here"),
