@@ -264,6 +264,9 @@ def _select_gpus(device_type: str, gpu_ids) -> _Selection:
     except ValueError as err:
         return _Selection(problems=[Problem("gpu_ids", str(err))])
     if device_type != "cuda":
+        if ids is not None:  # often this machine's default (runner machine set gpu_ids=...): said, not refused
+            log.warning("gpu_ids=%s is not used: this run's hardware runs on the %s, not on GPUs", gpu_ids,
+                        device_type.upper())
         return _Selection()
     inherited = dist.cuda_visible_devices()
     if inherited is not None:

@@ -268,3 +268,10 @@ def test_start_method_auto_forks_cpu_spawns_cuda(monkeypatch):
     assert _start_method(StartMethod.spawn, "cpu") is StartMethod.spawn  # asked for: kept
     monkeypatch.setattr(sys, "platform", "darwin")
     assert _start_method(StartMethod.auto, "cpu") is StartMethod.spawn
+
+
+def test_gpu_ids_on_a_cpu_run_are_said_to_be_unused(caplog):
+    """They were ignored without a word (config.yaml still recorded them); a machine default is not refused."""
+    hardware = resolve_hardware(HardwareConfig(kind=HardwareKind.multi_cpu, num_processes=2), [0, 1])
+    assert hardware.problems == () and hardware.device_type == "cpu"
+    assert "gpu_ids=[0, 1] is not used: this run's hardware runs on the CPU, not on GPUs" in caplog.text
