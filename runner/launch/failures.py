@@ -166,11 +166,15 @@ def restart_line(reports: dict[int, tuple[str, float]], restart: int, max_restar
 
     failures = {rank: SimpleNamespace(exitcode=1, message={"message": text}, timestamp=written, pid=None)
                 for rank, (text, written) in reports.items()}
-    if failures:
+    unreported = "a rank failed without a report (killed, or it crashed)"
+    if failures and all(text.startswith(PeerLost.__name__) for text, _ in reports.values()):
+        # Every report is of a lost peer: the rank that failed left none (killed by a signal, say).
+        failed = f"{unreported}; rank(s) {', '.join(map(str, sorted(reports)))} then lost their peer"
+    elif failures:
         cause = root_cause(failures)
         lines = [line.strip() for line in cause.message.strip().splitlines() if line.strip()]
         failed = f"rank {cause.rank} failed: {lines[-1] if lines else '(no message)'}"
     else:
-        failed = "a rank failed without a report (killed, or it crashed)"
+        failed = unreported
     start = "the start (no checkpoint yet)" if step is None else f"step {step}"
     return f"runner: {failed}; restart {restart} of {max_restarts} from {start}"

@@ -208,3 +208,7 @@ def test_a_restart_line_names_rank_error_and_step():
         "runner: rank 1 failed: ValueError: injected failure at training forward 6; restart 1 of 2 from step 4")
     assert restart_line({}, 2, 2, None) == ("runner: a rank failed without a report (killed, or it crashed); restart 2 "
                                             "of 2 from the start (no checkpoint yet)")
+    # Rank 1 killed by SIGKILL leaves no report; rank 0's lost peer is not named as the failure (it was).
+    assert restart_line({0: (lost, 10.0)}, 1, 1, 100) == (
+        "runner: a rank failed without a report (killed, or it crashed); rank(s) 0 then lost their peer; restart 1 "
+        "of 1 from step 100")
