@@ -86,12 +86,26 @@ def callback_problems(cfg: DictConfig) -> list:
 
 def sweep_problems(cfg: DictConfig, overrides: list[str]) -> list:
     """What a sweep's trials would each meet, said once before the first starts: a launcher or sweeper that is not
-    an installed Hydra plugin, and a swept key the config lacks (a typo in `-m trainer.max_step=1,2`, or a search
-    written for another recipe: hparams_search=lr_width searches model.d_model). Hydra reports these with its own
-    text, which for a key advises the `+key=` form that the schema then refuses."""
-    from difflib import get_close_matches
-
+    an installed Hydra plugin (and the sweeper's own targets and study), an interval in a grid, and a swept key the
+    config lacks (a typo in `-m trainer.max_step=1,2`, or a search written for another recipe:
+    hparams_search=lr_width searches model.d_model). Hydra reports these with a traceback or its own text, which
+    for a key advises the `+key=` form that the schema then refuses."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    problems = plugin_problems(cfg)
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    if OmegaConf.select(cfg, "hydra.sweeper._target_") == BASIC_SWEEPER:
+        problems += [Problem(override.key_or_group, (
+            f"is {override.input_line.partition('=')[2]}, a range a grid cannot list (Hydra's basic sweeper, `-m`, "
+            "runs each value it is given); give the values (a,b,c) or range(start,stop,step), or sample the "
+            "interval in a search (hparams_search=..., docs/sweeps.md)")) for override in parsed
+            if override.is_interval_sweep()]
+    return problems + swept_key_problems(cfg, parsed)
+
+
+def plugin_problems(cfg: DictConfig) -> list:
+    """The launcher and sweeper must be installed Hydra plugins; the sweeper's own targets and its study pass the
+    checks below."""
     from hydra.core.plugins import Plugins
     from hydra.plugins.launcher import Launcher
     from hydra.plugins.sweeper import Sweeper
@@ -106,14 +120,16 @@ def sweep_problems(cfg: DictConfig, overrides: list[str]) -> list:
                 f"(`python -m runner --help` lists them), whose classes are {', '.join(installed)}")))
         elif section == "sweeper":
             problems += sweeper_target_problems(cfg) + study_direction_problems(cfg)
+    return problems
+
+
+def swept_key_problems(cfg: DictConfig, parsed: list) -> list:
+    """Each key swept on the command line (`parsed`: Hydra's parsed overrides) or searched by hydra.sweeper.params
+    that this config lacks, with the closest setting."""
+    from difflib import get_close_matches
+
+    problems = []
     choices = OmegaConf.select(cfg, "hydra.runtime.choices", default={}) or {}
-    parsed = OverridesParser.create().parse_overrides(overrides)
-    if OmegaConf.select(cfg, "hydra.sweeper._target_") == BASIC_SWEEPER:
-        problems += [Problem(override.key_or_group, (
-            f"is {override.input_line.partition('=')[2]}, a range a grid cannot list (Hydra's basic sweeper, `-m`, "
-            "runs each value it is given); give the values (a,b,c) or range(start,stop,step), or sample the "
-            "interval in a search (hparams_search=..., docs/sweeps.md)")) for override in parsed
-            if override.is_interval_sweep()]
     swept = {override.key_or_group: ("is swept on the command line", "")
              for override in parsed
              if override.is_sweep_override() and not override.is_add() and override.key_or_group not in choices}
