@@ -174,7 +174,7 @@ def _lines(path: str) -> int:
 
 def check_table(dataset, key: str, source: str, label_column: str, feature_columns: Sequence[str] | None) -> None:
     """What a classifier cannot train on, named by column and row before anything is built from it: no rows, a
-    non-numeric feature, an empty or NaN cell, a single class. Rows count data rows from 1 (the header aside)."""
+    non-numeric feature, an empty, NaN or infinite cell (or one float32 cannot hold), a single class. Rows count data rows from 1 (the header aside)."""
     import pyarrow.compute as pc
 
     if len(dataset) == 0:
@@ -342,12 +342,15 @@ def _label_encoder(splits, label_column: str):
     import datasets
     import pyarrow.compute as pc
 
+    def kind(table) -> str:
+        feature = table.features[label_column]
+        return "class names (text)" if _is_string(feature) else f"{feature.dtype} values"
+
     named = _is_string(splits["train"].features[label_column])
     for split, table in splits.items():
         if _is_string(table.features[label_column]) != named:
-            kinds = {True: "class names (text)", False: f"{table.features[label_column].dtype} values"}
-            raise DataError(f"data.{split}: its label column '{label_column}' holds {kinds[not named]}, and "
-                            f"data.train's holds {kinds[named]}; give every split the same kind of labels")
+            raise DataError(f"data.{split}: its label column '{label_column}' holds {kind(table)}, and data.train's "
+                            f"holds {kind(splits['train'])}; give every split the same kind of labels")
     trained = set(splits["train"].unique(label_column))
     for split, table in splits.items():
         unseen = sorted(set(table.unique(label_column)) - trained, key=str)

@@ -128,3 +128,7 @@ def test_labels_the_training_split_lacks_are_named(tmp_path, caplog):
     with pytest.raises(DataError, match=r"data.validation: its label column 'label' holds int64 values, and "
                                         r"data.train's holds class names \(text\)"):
         _label_encoder(splits, "label")
+    splits = {"train": splits["validation"], "validation": splits["train"]}
+    with pytest.raises(DataError, match=r"data.validation: its label column 'label' holds class names \(text\), "
+                                        r"and data.train's holds int64 values"):
+        _label_encoder(splits, "label")
