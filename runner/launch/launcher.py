@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
                               "give the path of your script, or -m my_package.module")
         spec = load(overrides)
         hardware = spec.hardware
-        if spec.config.hardware.launcher.value != "runner":
+        if spec.config.hardware.launcher is not Launcher.runner:
             raise LaunchError(f"hardware.launcher: is {spec.config.hardware.launcher.value}, which starts the "
                               "runner's own workers (python -m runner); runner launch starts your script's ranks "
                               "with torch's elastic launcher only: leave hardware.launcher out here")
