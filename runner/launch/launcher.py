@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -228,7 +229,12 @@ def script_failure(failures: dict[int, object], exited: dict[int, float], stderr
                 failure.timestamp, rank)
 
     def how(rank: int, failure) -> str:
-        return _how(failure) + (" (it lost its connection to another rank)" if rank in lost_peer else "")
+        if rank in lost_peer:
+            return _how(failure) + " (it lost its connection to another rank)"
+        raised = _raised(tails.get(rank, ""))
+        if raised:  # the launcher may have ended it while it was still shutting down
+            return f"raised {raised}" + (f" (then {_how(failure)})" if failure.exitcode < 0 else "")
+        return _how(failure)
 
     (first, failure), *others = sorted(failures.items(), key=order)
     text = f"rank {first} failed first: it {how(first, failure)}"
@@ -241,6 +247,16 @@ def _how(failure) -> str:
     if failure.exitcode < 0:
         return f"was killed by signal {failure.signal_name()}"
     return f"exited with code {failure.exitcode}"
+
+
+def _raised(tail: str) -> str:
+    """The exception line that ends the last traceback in a rank's stderr (`[rankN]:` prefixes dropped), or ""."""
+    lines = [re.sub(r"^\[rank\d+\]:\s?", "", line) for line in tail.splitlines()]
+    starts = [index for index, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
+    if not starts:
+        return ""
+    ends = [line for line in lines[starts[-1] + 1:] if line.strip() and not line[0].isspace()]
+    return ends[-1].strip() if ends else ""
 
 
 def _tail(path: Path, size: int = 4096) -> str:

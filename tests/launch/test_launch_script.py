@@ -127,11 +127,18 @@ def test_a_rank_that_lost_its_peer_is_not_named_first():
     """Rank 1 raised; rank 0's collective then broke ("Connection reset by peer") and it exited first, while rank 1
     was still shutting down: the end of each rank's stderr tells which only lost its peer."""
     failures = {0: _failure(pid=10, exitcode=1), 1: _failure(pid=11, exitcode=1)}
-    tails = {0: "RuntimeError: [../gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:1: Connection reset by peer",
-             1: "ValueError: boom on rank 1"}
-    assert script_failure(failures, {10: 2.0, 11: 2.3}, tails) == (
-        "rank 1 failed first: it exited with code 1; then rank 0 exited with code 1 (it lost its connection to "
-        "another rank)")
+    lost = "[rank0]: RuntimeError: [../gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:1: Connection reset by peer"
+    raised = ("[rank1]: Traceback (most recent call last):\n[rank1]:   File \"fail.py\", line 4, in <module>\n"
+              "[rank1]:     raise ValueError(\"boom on rank 1\")\n[rank1]: ValueError: boom on rank 1\n")
+    assert script_failure(failures, {10: 2.0, 11: 2.3}, {0: lost, 1: raised}) == (
+        "rank 1 failed first: it raised ValueError: boom on rank 1; then rank 0 exited with code 1 (it lost its "
+        "connection to another rank)")
+    # The launcher ended rank 1 (SIGTERM) while it was still shutting down after raising: what it raised is named.
+    failures[1] = _failure(pid=11, exitcode=-15)
+    assert script_failure(failures, {10: 2.0, 11: 2.3}, {0: lost, 1: raised}).startswith(
+        "rank 1 failed first: it raised ValueError: boom on rank 1 (then was killed by signal SIGTERM); then rank 0")
+    assert script_failure(failures, {10: 2.0, 11: 2.3}, {0: lost, 1: "no traceback here"}).startswith(
+        "rank 1 failed first: it was killed by signal SIGTERM; then rank 0")
 
 
 def test_a_launcher_the_script_cannot_have_is_refused(tmp_path, capsys, monkeypatch):
