@@ -110,8 +110,9 @@ def unreadable(format: str, data_files: dict[str, Any], paths: dict[str, Any], *
                         if isinstance(reason, UnicodeDecodeError) and "encoding" in options else "")
                 return DataError(f"data.{split}: cannot read {name} as {format}: {type(reason).__name__}: "
                                  f"{first_line(reason).rstrip('.')}{hint}")
-    return DataError(f"data: cannot read {' and '.join(map(str, paths.values()))} together as {format}; each reads "
-                     "alone, so check that they have the same columns and types")
+    given = [str(paths[split]) for split in data_files]
+    return DataError(f"data: cannot read {' and '.join(given)} together as {format}; each reads alone, so check that "
+                     "they have the same columns and types")
 
 
 @contextmanager
