@@ -175,7 +175,8 @@ def _lines(path: str) -> int:
 
 def check_table(dataset, key: str, source: str, label_column: str, feature_columns: Sequence[str] | None) -> None:
     """What a classifier cannot train on, named by column and row before anything is built from it: no rows, a
-    non-numeric feature, an empty, NaN or infinite cell (or one float32 cannot hold), a single class. Rows count data rows from 1 (the header aside)."""
+    non-numeric feature, an empty, NaN or infinite cell (or one float32 cannot hold), a single class. Rows count
+    data rows from 1 (the header aside)."""
     import pyarrow.compute as pc
 
     if len(dataset) == 0:

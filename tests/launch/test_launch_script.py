@@ -84,7 +84,8 @@ def test_a_failing_script_gives_one_message(tmp_path):
     # which failed first, is named first either way.
     assert re.match(r"runner: error: rank 1 failed first: it exited with code 3; then rank 0 (exited with code 1|"
                     r"was killed by signal SIGTERM)", summary), summary
-    assert re.search(r"their output: outputs/launch/\S+/ranks/[^/]+/attempt_0/<local rank>/stderr.log", summary), summary
+    assert re.search(r"their output: outputs/launch/\S+/ranks/[^/]+/attempt_0/<local rank>/stderr.log",
+                     summary), summary
     assert (tmp_path / summary.split("their output: ")[1].split("<local rank>")[0] / "1" / "stderr.log").is_file()
 
 
@@ -127,7 +128,8 @@ def test_a_rank_that_lost_its_peer_is_not_named_first():
     """Rank 1 raised; rank 0's collective then broke ("Connection reset by peer") and it exited first, while rank 1
     was still shutting down: the end of each rank's stderr tells which only lost its peer."""
     failures = {0: _failure(pid=10, exitcode=1), 1: _failure(pid=11, exitcode=1)}
-    lost = "[rank0]: RuntimeError: [../gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:1: Connection reset by peer"
+    lost = ("[rank0]: RuntimeError: [../gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:1: Connection reset "
+            "by peer")
     raised = ("[rank1]: Traceback (most recent call last):\n[rank1]:   File \"fail.py\", line 4, in <module>\n"
               "[rank1]:     raise ValueError(\"boom on rank 1\")\n[rank1]: ValueError: boom on rank 1\n")
     assert script_failure(failures, {10: 2.0, 11: 2.3}, {0: lost, 1: raised}) == (
