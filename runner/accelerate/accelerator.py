@@ -76,7 +76,8 @@ def check_device(device: str | torch.device) -> None:
             f"is {device!r}, which torch does not know as a device; give 'cpu', 'cuda', 'cuda:N' or 'xla'"))) from None
     if device_type == "cuda" and not torch.cuda.is_available():
         raise HardwareError(f"Accelerator(device={device!r}): this torch cannot use a CUDA GPU here "
-                            f"({'a CPU-only build' if torch.version.cuda is None else 'no GPU found'}); give 'cpu'")
+                            f"({'no GPU found' if torch.version.cuda or torch.version.hip else 'a CPU-only build'}); "
+                            "give 'cpu'")
 
 
 class Accelerator(AcceleratorExtras):
