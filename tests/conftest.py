@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -238,3 +239,10 @@ def read_jsonl(path: Path) -> list[dict]:
     import json
 
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now, on 127.0.0.1 (for a rendezvous or a server a test starts)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

@@ -10,7 +10,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from checkpoint_helpers import RESOLVED, trained_objects
-from conftest import ROOT, read_jsonl, read_scalars, wait_for
+from conftest import ROOT, free_port, read_jsonl, read_scalars, wait_for
 from resume_helpers import HELPERS_ENV, RUN, kill_everything, run_cli, start
 from runner.checkpoint import files, find_resume
 from runner.checkpoint.remote import Storage
@@ -65,12 +64,6 @@ def s3(tmp_path_factory):
     finally:
         server.terminate()
         server.wait(timeout=30)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _answers(endpoint: str) -> bool:

@@ -18,7 +18,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from conftest import ROOT, communicate_all, run_cli, run_dirs_under
+from conftest import ROOT, communicate_all, free_port, run_cli, run_dirs_under
 
 SMALL = ("data.num_train=256", "data.num_validation=64", "trainer.batch_size=32", "trainer.max_steps=4",
          "trainer.log_every_steps=1", "trainer.progress_bar=false", "hardware.timeout_s=120",
@@ -35,12 +35,6 @@ def _docs_example(marker: str) -> dict:
 def _on_cpu(command: list[str]) -> list[str]:
     """The docs' command for GPU nodes, on this machine's CPUs: multi_gpu -> multi_cpu, nothing else changed."""
     return [word.replace("hardware=multi_gpu", "hardware=multi_cpu") for word in command]
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _nodes(commands: list[list[str]], envs: list[dict], cwd: Path) -> list[tuple[int, str]]:
@@ -74,7 +68,7 @@ def test_kubeflow_pods_are_ranks_of_one_run(tmp_path):
     """Kubeflow Trainer's torch runtime: `torchrun -m runner ...` in each pod, with PET_NNODES, PET_NPROC_PER_NODE,
     PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT (torchrun reads them as its own flags)."""
     reference = _one_machine_reference(tmp_path)
-    cwd, port = tmp_path / "shared_volume", _free_port()
+    cwd, port = tmp_path / "shared_volume", free_port()
     cwd.mkdir()
     command = _on_cpu(_docs_example("kind: TrainJob")["spec"]["trainer"]["command"])
     assert command[0] == "torchrun"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, WAIT_S, read_jsonl, run_cli, wait_for
+from conftest import ROOT, WAIT_S, free_port, read_jsonl, run_cli, wait_for
 from runner.checkpoint import complete_checkpoints, damage, read_pointer
 
 FORK = ("hardware=multi_cpu", "hardware.start_method=fork")
@@ -195,11 +195,7 @@ def test_a_sigterm_during_start_up_exits_75(tmp_path):
 def test_a_sigterm_while_waiting_for_the_other_machines_exits_75(tmp_path):
     """Machine 0 of 2, its peer never comes: the launcher waits at the rendezvous with no worker to pass a stop
     signal on to. It ignored SIGTERM until hardware.timeout_s (600 s); it ends at once."""
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     proc = _start(tmp_path, *FORK, *SMALL, "hardware.num_machines=2", "hardware.machine_rank=0",
                   "hardware.main_process_ip=127.0.0.1", f"hardware.main_process_port={port}")
     wait_for(lambda: "launching 2 worker process(es) on machine 0 of 2" in (tmp_path / "run" / "runner.log").read_text()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, communicate_all, read_jsonl, run_cli, run_dirs_under, wait_for
+from conftest import ROOT, communicate_all, free_port, read_jsonl, run_cli, run_dirs_under, wait_for
 from runner.launch.agent import _alive
 from runner.launch.launcher import script_failure, split_command
 from tolerances import reordered_sum_bound
@@ -162,15 +161,9 @@ def test_the_script_arguments_pass_on_untouched():
     assert split_command(["-m", "pkg.train", "--a"]) == ([], ["-m", "pkg.train", "--a"])
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _srun(tasks: int, *overrides: str, cwd: Path) -> list[subprocess.CompletedProcess]:
     """What `srun -n TASKS python -m runner ...` does on one node, with SLURM's variables set by hand."""
-    port, procs = _free_port(), []
+    port, procs = free_port(), []
     for task in range(tasks):
         slurm = {"SLURM_PROCID": str(task), "SLURM_NTASKS": str(tasks), "SLURM_LOCALID": str(task),
                  "SLURM_NNODES": "1", "SLURM_TASKS_PER_NODE": str(tasks), "SLURM_JOB_ID": "4242",

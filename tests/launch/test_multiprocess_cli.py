@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +17,9 @@ import pytest
 import yaml
 from safetensors.torch import load_file
 
-from conftest import ROOT, WAIT_S, communicate_all, read_jsonl, read_scalars, run_cli, run_dirs_under, wait_for
+from conftest import (
+    ROOT, WAIT_S, communicate_all, free_port, read_jsonl, read_scalars, run_cli, run_dirs_under, wait_for,
+)
 from tolerances import reordered_sum_bound
 
 SMALL = ("data.num_validation=63", "trainer.progress_bar=false")  # 63: the ranks' eval shards differ in size
@@ -246,15 +247,9 @@ def test_torchrun_sweep_keeps_one_group_across_jobs(tmp_path):
         assert [step for step, _ in read_scalars(job, "val/accuracy")] == [1]
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _two_machines(tmp_path: Path, *extra_for_machine_1: str) -> list[tuple[int, str, Path]]:
     """Two launcher processes on this host acting as two machines of one process each, each in its own cwd."""
-    port, launchers = _free_port(), []
+    port, launchers = free_port(), []
     for machine in (0, 1):
         cwd = tmp_path / f"machine{machine}"
         cwd.mkdir()
