@@ -50,8 +50,14 @@ def stop_signals(configured) -> list[signal.Signals]:
     return [signal.Signals[name] for name in names]
 
 
-def _stop_at_process_start(signum, frame):
+def stop_before_training(signum, frame=None):
+    """What a stop signal does before training starts, wherever it lands (the process starting, the run's start-up,
+    a launcher still waiting for the other machines): the run ends at once, exit 75, nothing to save yet."""
     raise Preempted(signal.Signals(signum).name, None, None)
+
+
+def _stop_at_process_start(signum, frame):
+    stop_before_training(signum, frame)
 
 
 def stop_from_process_start() -> None:
@@ -68,7 +74,7 @@ def stop_during_startup() -> Iterator[None]:
     StopSignals takes over when training starts."""
 
     def stop(signum, frame):
-        raise Preempted(signal.Signals(signum).name, None, None)
+        stop_before_training(signum, frame)
 
     previous = {sig: _install(sig, stop) for sig in STARTUP_SIGNALS}
     try:

@@ -23,8 +23,7 @@ from typing import Any, Iterator
 
 from runner.distributed.devices import Hardware
 from runner.distributed.dist import RUNNER_RUN_ID, DistInfo, threads_per_process
-from runner.distributed.signals import handling
-from runner.errors import Preempted
+from runner.distributed.signals import handling, stop_before_training
 
 log = logging.getLogger(__name__)
 
@@ -260,7 +259,7 @@ def forward_to_workers(stop_signals, started: set[int]) -> Iterator[list[signal.
         received.append(signal.Signals(signum))
         workers = child_pids()
         if not workers and not started:
-            raise Preempted(signal.Signals(signum).name, None, None)
+            stop_before_training(signum, frame)
         for pid in workers:
             try:
                 os.kill(pid, signum)
