@@ -35,7 +35,7 @@ from runner.config import ParallelConfig, ParallelKind, PrecisionKind
 from runner.distributed.devices import Hardware, for_device, this_process
 from runner.accelerate.parallel import chosen_settings, follow_replaced_parameters
 from runner.distributed.dist import DistInfo
-from runner.errors import ConfigError, HardwareError, Problem
+from runner.errors import ConfigError, Problem
 from runner.accelerate.precision import Precision, autocast_forward, plain_forward
 from runner.accelerate import collectives
 from runner.accelerate.extras import AcceleratorExtras
@@ -65,19 +65,6 @@ def precision_kind(precision: str | None, mixed_precision: str | None) -> str:
         raise ConfigError(Problem("Accelerator(precision)", (
             f"is {precision!r} and mixed_precision is {mixed_precision!r}: give the precision once")))
     return next(iter(kinds.values()), "fp32")
-
-
-def check_device(device: str | torch.device) -> None:
-    """An explicit device: one torch knows, and for CUDA, one this torch can use (else it failed at prepare())."""
-    try:
-        device_type = torch.device(device).type
-    except (RuntimeError, TypeError):
-        raise ConfigError(Problem("Accelerator(device)", (
-            f"is {device!r}, which torch does not know as a device; give 'cpu', 'cuda', 'cuda:N' or 'xla'"))) from None
-    if device_type == "cuda" and not torch.cuda.is_available():
-        raise HardwareError(f"Accelerator(device={device!r}): this torch cannot use a CUDA GPU here "
-                            f"({'no GPU found' if torch.version.cuda or torch.version.hip else 'a CPU-only build'}); "
-                            "give 'cpu'")
 
 
 class Accelerator(AcceleratorExtras):
@@ -121,8 +108,6 @@ class Accelerator(AcceleratorExtras):
         computes its loss from the low-precision outputs (an fp32 copy of a large vocabulary's logits costs memory),
         so it passes False."""
         self.dist = dist or DistInfo.from_env()
-        if device is not None and not cpu:
-            check_device(device)
         if hardware is None:
             hardware = for_device("cpu" if cpu else device) if (cpu or device is not None) else this_process()
         self.hardware = hardware

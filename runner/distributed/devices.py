@@ -21,7 +21,7 @@ import torch
 
 from runner.distributed import dist
 from runner.config import HardwareConfig, HardwareKind, StartMethod
-from runner.errors import HardwareError, Problem
+from runner.errors import ConfigError, HardwareError, Problem
 
 log = logging.getLogger(__name__)
 
@@ -187,8 +187,17 @@ def this_process() -> Hardware:
 
 
 def for_device(device: torch.device | str) -> Hardware:
-    """The Hardware of an Accelerator given an explicit device (`Accelerator("cpu")`), with this process's counts."""
-    device_type = torch.device(device).type
+    """The Hardware of an Accelerator given an explicit device (`Accelerator("cpu")`), with this process's counts: a
+    device torch knows, and for CUDA one this torch can use (else it failed only at prepare())."""
+    try:
+        device_type = torch.device(device).type
+    except (RuntimeError, TypeError):
+        raise ConfigError(Problem("Accelerator(device)", (
+            f"is {device!r}, which torch does not know as a device; give 'cpu', 'cuda', 'cuda:N' or 'xla'"))) from None
+    if device_type == "cuda" and not torch.cuda.is_available():
+        raise HardwareError(f"Accelerator(device={device!r}): this torch cannot use a CUDA GPU here "
+                            f"({'no GPU found' if torch.version.cuda or torch.version.hip else 'a CPU-only build'}); "
+                            "give 'cpu'")
     detected = this_process()
     kind = {"cuda": HardwareKind.gpu, "xla": HardwareKind.tpu}.get(device_type, HardwareKind.cpu)
     return Hardware(kind=kind, device_type=device_type, processes_per_machine=detected.processes_per_machine,
