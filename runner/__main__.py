@@ -3,9 +3,10 @@ SIGTERM during those seconds ends the run with exit 75 and "nothing was trained"
 
 The guard matters: workers started with the "spawn" method import this module, and must not re-run Hydra."""
 
+import os
 import sys
 
-from runner.errors import PREEMPTED_EXIT_CODE, Preempted
+from runner.errors import BROKEN_PIPE_EXIT_CODE, PREEMPTED_EXIT_CODE, Preempted
 from runner.distributed.signals import stop_from_process_start
 
 
@@ -18,6 +19,11 @@ def main(entry: str = "main") -> None:
     except Preempted as stop:
         print(f"runner: {stop}", file=sys.stderr)
         raise SystemExit(PREEMPTED_EXIT_CODE) from None
+    except BrokenPipeError:
+        # The reader of stdout left (`runner --help | head`): stop quietly, as a program ended by SIGPIPE does. What
+        # is still buffered goes to /dev/null, or Python's flush at exit raises the same error again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(BROKEN_PIPE_EXIT_CODE) from None
 
 
 def console_main() -> None:

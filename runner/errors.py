@@ -168,6 +168,7 @@ class write_failure:
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL (sysexits.h): "try again later", i.e. requeue with resume=auto
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
+BROKEN_PIPE_EXIT_CODE = 141  # 128 + SIGPIPE, what a shell reports for a program whose reader left (`| head`)
 
 
 class Preempted(BaseException):

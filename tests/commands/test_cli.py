@@ -257,3 +257,18 @@ def test_gpt_vocab_is_the_learnt_tokenizer_size(run, tmp_path):
     assert step == 1 and first_loss == pytest.approx(math.log(size), abs=0.25)  # small initial logits: ~uniform
     texts = sample(run_dir, SampleSettings(prompt="the ", max_new_tokens=20, top_k=None, num_samples=2))
     assert all(text_.startswith("the ") and set(text_) <= set(text.read_text()) for text_ in texts)
+
+
+@pytest.mark.parametrize("command", [["--help"], ["env"]])  # Hydra's help; a command of the runner's own
+def test_a_reader_that_leaves_early_gets_no_traceback(command):
+    """`runner --help | head`: the pipe's reader is gone before the output is written. The command stops quietly
+    with 128 + SIGPIPE, as `git log | head` does, and prints no BrokenPipeError traceback."""
+    import subprocess
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-m", "runner", *command], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, cwd=ROOT)
+    process.stdout.close()  # long before the interpreter has started: every write meets a pipe without a reader
+    stderr = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 141, stderr
+    assert "Traceback" not in stderr and "BrokenPipeError" not in stderr, stderr
