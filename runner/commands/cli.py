@@ -18,6 +18,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from hydra_plugins import runner_optuna_sweeper as optuna_sweeper
 from runner.run import rundir
 from runner.config import RunConfig
 from runner.distributed.dist import adopt_slurm_tasks, skypilot_machine_overrides, writes_run_dir
@@ -158,6 +159,9 @@ def _run(args, parser) -> None:
             problems = sweep_problems(cfg, args.overrides)
             if problems:
                 exit_with(ConfigError(problems))
+            if OmegaConf.select(cfg, "hydra.sweeper._target_") == optuna_sweeper.PLUGIN_TARGET:
+                # the plugin's class, but a search in which no trial completed ends in one paragraph
+                args.overrides.append(f"hydra.sweeper._target_={optuna_sweeper.TARGET}")
             GlobalHydra.instance().clear()
             return _hydra_entry(args, parser)
         _run_one(hydra, cfg, config_name)

@@ -125,6 +125,21 @@ def test_optuna_runs_trials_and_resumes_its_study(cli):
     assert sorted(trial.value for trial in study.trials[:3]) == pytest.approx(sorted(values))
 
 
+def test_a_search_in_which_every_trial_failed_ends_in_one_paragraph(cli):
+    """Optuna asks the study for its best trial after the last one; a new study that holds only failed trials has
+    none, which the plugin met with "ValueError: Record does not exist" and a traceback."""
+    result = cli(*FAST, "hparams_search=lr_width", "hydra.sweeper.n_trials=2", "model.nhead=5")
+    assert result.returncode == 1, result.output
+    (sweep,) = sweep_dirs(result)
+    assert (f"every one of the 2 trials of the search failed, so study 'lr_width' has no best trial and the search "
+            f"has no result; each trial's error is in {sweep.relative_to(result.cwd) / 'sweep_report.md'}"
+            in result.output)
+    assert "Traceback" not in result.output and "Record does not exist" not in result.output
+    rows = report_rows(sweep)
+    assert [row["status"] for row in rows] == ["failed", "failed"]
+    assert all("model.nhead: is 5, which does not divide" in row["error"] for row in rows)
+
+
 @pytest.mark.slow
 def test_joblib_runs_jobs_in_parallel_processes(cli):
     """Two jobs, hardware=cpu and multi_cpu (whose ranks start from inside a loky worker)."""
