@@ -10,11 +10,14 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import replace
+from difflib import get_close_matches
 from pathlib import Path
 
 import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
-from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+from omegaconf.errors import (
+    ConfigAttributeError, ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException, ValidationError,
+)
 
 from runner.checkpoint import find_resume, refuse_inexact_resume
 from runner.checkpoint.remote import Storage
@@ -45,9 +48,11 @@ PLUGIN_EXTRAS = {"hydra/sweeper/optuna": "sweeps", "hydra/launcher/joblib": "swe
                  "hydra/launcher/submitit_slurm": "slurm", "hydra/launcher/submitit_local": "slurm"}
 
 
-def composition_error(err: BaseException, overrides: list[str]) -> str:
-    """Hydra's message, plus the OmegaConf error behind it (which names the full key), on one screen; for an
-    override that does not parse, which one it is."""
+def composition_error(err: BaseException, overrides: list[str]) -> ConfigError | str:
+    """What Hydra refused while composing, in the runner's words where the key or option is known (a misspelled
+    key with its closest setting, a bad value, an option a group lacks with the ones it has); otherwise Hydra's
+    message plus the OmegaConf error behind it (which names the full key); for an override that does not parse,
+    which one it is."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
@@ -56,13 +61,17 @@ def composition_error(err: BaseException, overrides: list[str]) -> str:
     if plugin and plugin.group(1) in PLUGIN_EXTRAS:  # a Hydra plugin that an optional extra installs
         return (f"{text.splitlines()[0].rstrip('.')}: that config comes with a Hydra plugin that is not installed; "
                 f"install it with {install_hint(PLUGIN_EXTRAS[plugin.group(1)])}")
-    missing = re.match(r"In '[^']*': Could not load '([\w/]+)/(\w+)'", text)
-    if missing:  # an unknown name in a list group (logger=[tensorboard,tensorbord]): Hydra lists no options there
-        group, name = missing.groups()
-        options = sorted(path.stem for path in (Path(CONFIG_DIR) / group).glob("*.yaml"))
-        if options:
-            return f"{group}: '{name}' is not one of its options; the valid names are {', '.join(options)}"
+    missing = re.match(r"In '[^']*': Could not (find|load) '([\w/]+)/([^']+)'", text)
+    if missing:
+        problem = missing_option_problem(text, *missing.groups())
+        if problem is not None:
+            return ConfigError([problem])
     cause = err.__cause__
+    if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
+        if re.match(r"Could not override '", text) and isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
+            return ConfigError([unknown_key_problem(cause, overrides)])
+        if text.startswith("Error merging override") and isinstance(cause, ValidationError):
+            return ConfigError([Problem(cause.full_key, str(cause).splitlines()[0])])
     if isinstance(cause, OmegaConfBaseException) and str(cause).strip() not in text:
         text += "\n" + str(cause).strip()
     if isinstance(err, OverrideParseException):
@@ -72,6 +81,57 @@ def composition_error(err: BaseException, overrides: list[str]) -> str:
             except OverrideParseException:
                 return f"the command-line override {override!r} does not parse: {text}"
     return text
+
+
+def missing_option_problem(text: str, how: str, group: str, name: str) -> Problem | None:
+    """`precision=fp64`: the options Hydra found for the group (in every config source: the runner's conf/, the
+    user's recipe folders, plugins), without its search-path dump. "Could not load" is an unknown name in a list
+    group (logger=[tensorboard,tensorbord]), for which Hydra lists no options: they are read from conf/."""
+    listed = re.search(r"Available options in '[^']*':\n((?:\t.*\n?)+)", text)
+    if listed:
+        options = [line.strip() for line in listed.group(1).splitlines() if line.strip()]
+    elif how == "load":
+        options = sorted(path.stem for path in (Path(CONFIG_DIR) / group).glob("*.yaml"))
+    else:
+        return None
+    if not options:
+        return None
+    where = (" (besides the built-in recipes, the recipe group reads ./recipes/ of the working directory and the "
+             "folders in $RUNNER_RECIPE_PATH)" if group == "recipe" else "")
+    close = get_close_matches(name, options, n=1)
+    hint = f"did you mean {close[0]}? " if close else ""
+    return Problem(group, f"'{name}' is not one of its options; {hint}the valid names are {', '.join(options)}{where}")
+
+
+def unknown_key_problem(cause: OmegaConfBaseException, overrides: list[str]) -> Problem:
+    """`trainer.batch_sze=32`: a key the config does not have. In a typed section (trainer, checkpoint, ...) the
+    message keys_outside_the_schema gives its `+` form; in a free-form one (model, data: a target's arguments) the
+    `+` form is how to give the target an argument its group does not list."""
+    from dataclasses import fields, is_dataclass
+
+    full_key = cause.full_key
+    path, _, key = full_key.rpartition(".")
+    if is_dataclass(cause.object_type):
+        return unknown_setting_problem(full_key, [field.name for field in fields(cause.object_type)])
+    parent = cause.parent_node
+    names = [str(name) for name in parent.keys()] if isinstance(parent, DictConfig) else []
+    where = path or "the config"
+    close = get_close_matches(key, names, n=1)
+    hint = f"; did you mean {path + '.' if path else ''}{close[0]}?" if close else "."
+    given = next((item for item in overrides if item.split("=", 1)[0] == full_key
+                  or item.startswith(f"{full_key}.")), None)
+    plus = f" To add a key {where} does not have (an argument of its target), give it with +: +{given}" if given else ""
+    keys = f" (its keys: {', '.join(names)})" if names else ", which is empty"
+    return Problem(full_key, f"is not a key of {where}{keys}{hint}{plus}".rstrip("."))
+
+
+def unknown_setting_problem(full_key: str, names: list[str]) -> Problem:
+    """A key that a typed section (its dataclass has `names`) does not have, with the closest setting."""
+    path, _, key = full_key.rpartition(".")
+    close = get_close_matches(key, names, n=1)
+    hint = f"did you mean {path + '.' if path else ''}{close[0]}? " if close else ""
+    return Problem(full_key, f"is not a setting{f' of {path}' if path else ''}, so nothing would read it; {hint}"
+                             f"the settings are {', '.join(names)}")
 
 
 def callback_problems(cfg: DictConfig) -> list:
@@ -297,7 +357,8 @@ def compose_config(overrides: list[str]) -> DictConfig:
         with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
             cfg = compose(CONFIG_NAME, overrides=list(overrides), return_hydra_config=True)
     except (HydraException, OmegaConfBaseException) as err:
-        raise ConfigError("config", composition_error(err, list(overrides))) from None
+        problem = composition_error(err, list(overrides))
+        raise (problem if isinstance(problem, ConfigError) else ConfigError("config", problem)) from None
     except yaml.YAMLError as err:  # a recipe, conf/ or machine.yaml file that is not YAML
         raise yaml_error(err) from None
     return apply_group_swaps(cfg)
@@ -352,7 +413,6 @@ def keys_outside_the_schema(node: DictConfig, path: str = "") -> list[tuple[str,
     sections (model, data, callbacks: a target's arguments) are not checked here; their targets refuse what they do
     not take."""
     from dataclasses import fields, is_dataclass
-    from difflib import get_close_matches
 
     schema = OmegaConf.get_type(node)
     if not is_dataclass(schema):
@@ -361,10 +421,8 @@ def keys_outside_the_schema(node: DictConfig, path: str = "") -> list[tuple[str,
     found = []
     for key in node.keys():
         if key not in names:
-            close = get_close_matches(str(key), names, n=1)
-            hint = f"did you mean {path}{close[0]}? " if close else ""
-            found.append((f"{path}{key}", f"is not a setting{f' of {path[:-1]}' if path else ''}, so nothing would "
-                                          f"read it; {hint}the settings are {', '.join(names)}"))
+            problem = unknown_setting_problem(f"{path}{key}", names)
+            found.append((problem.key, problem.message))
             continue
         child = node._get_node(key)
         if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():

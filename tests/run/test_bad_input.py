@@ -55,9 +55,12 @@ BAD_RECIPE = "# @package _global_\ntrainer:\n  max_steps: [1\n"
 # (id, command-line arguments, the key (or override) the message must name, a phrase it must contain)
 CASES = [
     # Composition: Hydra and the typed schema.
-    ("unknown recipe", ["recipe=revers"], "recipe", "Available options in 'recipe'"),
-    ("unknown group option", ["precision=fp17"], "precision/fp17", "bf16"),
-    ("misspelled key", ["trainer.max_step=3"], "trainer.max_step", "not in 'TrainerConfig'"),
+    ("unknown recipe", ["recipe=revers"], "recipe", "'revers' is not one of its options; did you mean reverse?"),
+    ("unknown group option", ["precision=fp17"], "precision", "the valid names are bf16, fp16, fp32, fp8"),
+    ("misspelled key", ["trainer.max_step=3"], "trainer.max_step", "did you mean trainer.max_steps?"),
+    ("misspelled argument of a target", ["model.d_modle=3"], "model.d_modle",
+     "did you mean model.d_model? To add a key model does not have (an argument of its target), give it with +: "
+     "+model.d_modle=3"),
     ("bad enum value", ["hardware.kind=gpus"], "hardware.kind", "cpu, gpu, multi_gpu, multi_cpu, tpu, auto"),
     ("wrong type", ["trainer.max_steps=abc"], "trainer.max_steps", "could not be converted to Integer"),
     ("bad on_nonfinite", ["trainer.on_nonfinite=panic"], "trainer.on_nonfinite", "stop, skip, ignore"),
@@ -267,6 +270,8 @@ def test_bad_input_names_the_key_and_changes_no_file(user_folder, capsys, name, 
     assert "runner: error:" in captured.err, output
     assert key in captured.err and phrase in captured.err, captured.err
     assert "Traceback" not in output
+    # Hydra's and OmegaConf's raw text: a search-path dump, the key's types, an advice the schema then refuses
+    assert not re.search(r"Config search path|reference_type=|object_type=|To append to your config", output), output
     assert _snapshot(user_folder) == before  # nothing the user had changed, nothing new (no outputs/ files)
     assert not (user_folder / "outputs").exists() or not any((user_folder / "outputs").rglob("*"))
 
