@@ -11,68 +11,95 @@ from typing import Any, Dict, List, Optional
 # A group swapped on the command line: the recipe's keys for it were written for the recipe's own choice.
 
 
+MACHINE = "this machine's defaults (local/machine.yaml)"
+"""The `source` of a swap that drops the machine file's keys (runner/commands/machine.py writes the file)."""
+
+
 @dataclass(frozen=True)
 class GroupSwap:
-    """A config group the command line set to something other than what the recipe chose."""
+    """A config group set to something other than what a file of keys for it chose: the recipe, whose choice the
+    command line replaced, or this machine's defaults, whose choice the recipe or the command line replaced."""
 
     group: str
     recipe_choice: Optional[str]
+    """The choice the dropped keys were written for (the recipe's or the machine file's)."""
     chosen: Optional[str]
     dropped: List[str]
-    """The recipe's keys under the group that were removed (or set back to the chosen option's own value)."""
+    """The file's keys under the group that were removed (or set back to the chosen option's own value)."""
+    source: Optional[str] = None
+    """Whose keys: None for the recipe, MACHINE for the machine file."""
+    by: str = "on the command line"
 
     def describe(self, recipe: str) -> str:
+        owner = f"recipe {recipe}" if self.source is None else self.source
         if self.recipe_choice is None:  # `override /model: null`: the recipe wrote its whole node itself
-            replaced, written = f"recipe {recipe}'s own {self.group}", ""
+            replaced, written = f"{owner}'s own {self.group}", ""
         else:
-            replaced, written = f"the {self.recipe_choice} of recipe {recipe}", f" (written for {self.recipe_choice})"
-        return (f"{self.group}={self.chosen} on the command line replaces {replaced}: its {', '.join(self.dropped)}"
+            replaced, written = f"the {self.recipe_choice} of {owner}", f" (written for {self.recipe_choice})"
+        return (f"{self.group}={self.chosen} {self.by} replaces {replaced}: its {', '.join(self.dropped)}"
                 f"{written} {'is' if len(self.dropped) == 1 else 'are'} dropped")
 
 
 def drop_swapped_group_keys(cfg: Any, choices: Dict[str, Any], overrides: List[str], config_dirs: List[str],
                             config_name: str = "config") -> List[GroupSwap]:
-    """Remove from `cfg` (in place) the recipe's keys under each group the command line swapped.
+    """Remove from `cfg` (in place) the keys a file set for its own choice of a group that ended up another option.
 
     A recipe written for the warmup_cosine schedule sets scheduler.warmup_steps; `scheduler=none` asks for a
     constant learning rate, and that key would be left over on a null node, meaning nothing. The same holds for
     any group: keys the recipe set for its own choice are dropped, those the chosen option sets itself come back
-    to its value, and keys set on the command line (scheduler.warmup_steps=5) are kept."""
-    from omegaconf import open_dict
-
+    to its value, and keys set on the command line (scheduler.warmup_steps=5) are kept. The machine file's keys
+    (`machine set hardware=multi_cpu hardware.num_processes=2`) go the same way when the recipe or the command line
+    chose another option (hardware=cpu), except those the recipe sets itself."""
     recipe = choices.get("recipe")
     recipe_file = _find_config(config_dirs, "recipe", recipe)
+    recipe_body, recipe_choices = _read_config(recipe_file) if recipe_file is not None else ({}, {})
+    swaps = []
+    machine_file = _find_config(config_dirs, "local", "machine")
+    if machine_file is not None:
+        machine_body, machine_choices = _read_config(machine_file)
+        swapped = _groups_chosen_on_command_line(overrides)
+        for group, machine_choice in machine_choices.items():
+            kept = [f"{group}.{key}" for key in recipe_body.get(group) or {}] if isinstance(
+                recipe_body.get(group), dict) else []
+            by = "on the command line" if group in swapped else f"of recipe {recipe}"
+            swaps += _drop(cfg, group, machine_body.get(group), machine_choice, choices.get(group), overrides + kept,
+                           config_dirs, MACHINE, by)
     if recipe_file is None:
-        return []
-    recipe_body, recipe_choices = _read_config(recipe_file)
+        return swaps
     primary = _find_config(config_dirs, None, config_name)
     default_choices = _read_config(primary)[1] if primary else {}
-    swaps = []
     for group in _groups_chosen_on_command_line(overrides):
-        recipe_choice = recipe_choices.get(group, default_choices.get(group))
-        chosen = choices.get(group)
-        recipe_node = recipe_body.get(group)
-        if chosen == recipe_choice or not isinstance(recipe_node, dict):
-            continue
-        node = cfg.get(group)
-        if node is None or not hasattr(node, "keys"):
-            continue
-        own_node = _group_node(config_dirs, group, chosen)
-        dropped = []
-        with open_dict(cfg):
-            for key in recipe_node:
-                if _set_on_command_line(f"{group}.{key}", overrides) or key not in node:
-                    continue
-                if isinstance(own_node, dict) and key in own_node:
-                    node[key] = own_node[key]
-                else:
-                    del node[key]
-                dropped.append(f"{group}.{key}")
-            if own_node is None and len(node) == 0:
-                cfg[group] = None
-        if dropped:
-            swaps.append(GroupSwap(group, recipe_choice, chosen, dropped))
+        swaps += _drop(cfg, group, recipe_body.get(group), recipe_choices.get(group, default_choices.get(group)),
+                       choices.get(group), overrides, config_dirs)
     return swaps
+
+
+def _drop(cfg: Any, group: str, written: Any, written_for: Optional[str], chosen: Optional[str],
+          kept: List[str], config_dirs: List[str], source: Optional[str] = None,
+          by: str = "on the command line") -> List[GroupSwap]:
+    """Drop the keys a file `written` for its choice `written_for` of `group`, now `chosen`; keys named in `kept`
+    (overrides, or full keys) stay. Returns the swap, if any key went."""
+    from omegaconf import open_dict
+
+    if chosen == written_for or not isinstance(written, dict):
+        return []
+    node = cfg.get(group)
+    if node is None or not hasattr(node, "keys"):
+        return []
+    own_node = _group_node(config_dirs, group, chosen)
+    dropped = []
+    with open_dict(cfg):
+        for key in written:
+            if _set_on_command_line(f"{group}.{key}", kept) or key not in node:
+                continue
+            if isinstance(own_node, dict) and key in own_node:
+                node[key] = own_node[key]
+            else:
+                del node[key]
+            dropped.append(f"{group}.{key}")
+        if own_node is None and len(node) == 0:
+            cfg[group] = None
+    return [GroupSwap(group, written_for, chosen, dropped, source, by)] if dropped else []
 
 
 def _groups_chosen_on_command_line(overrides: List[str]) -> List[str]:

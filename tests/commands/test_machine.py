@@ -28,6 +28,32 @@ def test_flag_settings_are_read_by_every_entry_point(home, capsys):
     assert load(["hardware.num_processes=2"]).hardware.processes_per_machine == 2  # the command line wins
 
 
+def test_another_hardware_drops_the_keys_the_machine_file_wrote_for_its_own(home, tmp_path, monkeypatch, caplog):
+    """docs/hardware.md's CPU example, then hardware=cpu on the command line: the file's num_processes=2 was
+    written for multi_cpu, and was kept and refused ("cpu runs one process"). It goes, as a recipe's keys for a
+    swapped group go; so does it when a recipe chooses another hardware, except a key the recipe sets itself."""
+    import logging
+
+    machine.main(["set", "hardware=multi_cpu", "hardware.num_processes=2"])
+    with caplog.at_level(logging.INFO, logger="runner"):
+        assert load(["hardware=cpu"]).hardware.processes_per_machine == 1
+    assert ("hardware=cpu on the command line replaces the multi_cpu of this machine's defaults "
+            "(local/machine.yaml): its hardware.num_processes (written for multi_cpu) is dropped") in caplog.text
+    assert load([]).hardware.processes_per_machine == 2  # the file still holds for a run that keeps its choice
+    assert load(["hardware=multi_cpu"]).hardware.processes_per_machine == 2
+    with pytest.raises(ConfigError, match="cpu runs one process"):  # what the command line sets itself is kept
+        load(["hardware=cpu", "hardware.num_processes=2"])
+
+    (tmp_path / "recipes").mkdir()
+    for name, body in (("single", ""), ("four", "hardware:\n  num_processes: 4\n")):
+        (tmp_path / "recipes" / f"{name}.yaml").write_text(
+            f"# @package _global_\ndefaults:\n  - override /hardware: {'cpu' if name == 'single' else 'multi_cpu'}\n"
+            f"{body}")
+    monkeypatch.chdir(tmp_path)
+    assert load(["recipe=single"]).hardware.processes_per_machine == 1
+    assert load(["recipe=four"]).hardware.processes_per_machine == 4
+
+
 def test_interactive_answers_make_the_same_file(home):
     answers = iter(["multi_cpu", "2", "", "bf16", "2", "1", "10.0.0.1", ""])
     settings = machine.interview(read=lambda prompt: next(answers))
