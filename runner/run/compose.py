@@ -91,7 +91,7 @@ def missing_option_problem(text: str, how: str, group: str, name: str) -> Proble
     if listed:
         options = [line.strip() for line in listed.group(1).splitlines() if line.strip()]
     elif how == "load":
-        options = sorted(path.stem for path in (Path(CONFIG_DIR) / group).glob("*.yaml"))
+        options = group_options(group)
     else:
         return None
     if not options:
@@ -101,6 +101,14 @@ def missing_option_problem(text: str, how: str, group: str, name: str) -> Proble
     close = get_close_matches(name, options, n=1)
     hint = f"did you mean {close[0]}? " if close else ""
     return Problem(group, f"'{name}' is not one of its options; {hint}the valid names are {', '.join(options)}{where}")
+
+
+# Groups whose options are a list (`logger=[tensorboard,csv]`): each chosen option is a key under the group.
+LIST_GROUPS = ("callbacks", "logger")
+
+
+def group_options(group: str) -> list[str]:
+    return sorted(path.stem for path in (Path(CONFIG_DIR) / group).glob("*.yaml"))
 
 
 def unknown_key_problem(cause: OmegaConfBaseException, overrides: list[str]) -> Problem:
@@ -115,6 +123,11 @@ def unknown_key_problem(cause: OmegaConfBaseException, overrides: list[str]) -> 
         return unknown_setting_problem(full_key, [field.name for field in fields(cause.object_type)])
     parent = cause.parent_node
     names = [str(name) for name in parent.keys()] if isinstance(parent, DictConfig) else []
+    if path in LIST_GROUPS and key in group_options(path):  # callbacks.early_stopping.patience=3, not selected
+        chosen = ",".join([*names, key])
+        return Problem(full_key, f"is an option of {path} that this run does not select ({path} holds "
+                                 f"{', '.join(names) or 'none'}); select it with {path}=[{chosen}] and keep this "
+                                 f"setting beside it")
     where = path or "the config"
     close = get_close_matches(key, names, n=1)
     hint = f"; did you mean {path + '.' if path else ''}{close[0]}?" if close else "."

@@ -58,6 +58,9 @@ CASES = [
     ("unknown recipe", ["recipe=revers"], "recipe", "'revers' is not one of its options; did you mean reverse?"),
     ("unknown group option", ["precision=fp17"], "precision", "the valid names are bf16, fp16, fp32, fp8"),
     ("misspelled key", ["trainer.max_step=3"], "trainer.max_step", "did you mean trainer.max_steps?"),
+    ("setting of a callback not selected", ["callbacks.early_stopping.patience=3"], "callbacks.early_stopping",
+     "is an option of callbacks that this run does not select (callbacks holds none); select it with "
+     "callbacks=[early_stopping]"),
     ("misspelled argument of a target", ["model.d_modle=3"], "model.d_modle",
      "did you mean model.d_model? To add a key model does not have (an argument of its target), give it with +: "
      "+model.d_modle=3"),
