@@ -288,9 +288,10 @@ def monitored_value(final: dict[str, float], monitor: str) -> float:
     return final[monitor]
 
 
-def rundir_summary(run_dir: rundir.RunDir, resume_helps: bool = True) -> str:
+def rundir_summary(run_dir: rundir.RunDir, resume_helps: bool = True, setting_first: bool = False) -> str:
     """What a run left behind when it stopped: its newest complete checkpoint, if any, and, when it would get
-    past what stopped it (`resume_helps`), how to continue from it."""
+    past what stopped it (`resume_helps`), how to continue from it; after a bad setting (`setting_first`), once
+    that is fixed (the same command would meet the same refusal, resume=auto or not)."""
     from runner.checkpoint import newest_complete_step
 
     step = newest_complete_step(run_dir.path / "checkpoints")
@@ -298,6 +299,9 @@ def rundir_summary(run_dir: rundir.RunDir, resume_helps: bool = True) -> str:
         return f"no checkpoint was written; the run dir is {run_dir.path}"
     if not resume_helps:
         return f"the last complete checkpoint is step {step}, in {run_dir.path}"
+    if setting_first:
+        return (f"the last complete checkpoint is step {step}; with the setting above fixed, resume=auto "
+                f"hydra.run.dir={run_dir.path} continues from it")
     return (f"the last complete checkpoint is step {step}; continue with the same command plus resume=auto "
             f"hydra.run.dir={run_dir.path}")
 
@@ -305,7 +309,8 @@ def rundir_summary(run_dir: rundir.RunDir, resume_helps: bool = True) -> str:
 def _fail(err: RunnerError, run_dir: rundir.RunDir, multirun: bool) -> float:
     """Say what went wrong in one paragraph; remove what this invocation created if training never started."""
     started = run_dir.training_started
-    message = f"{err}; {rundir_summary(run_dir, err.resume_helps)}" if started and err.names_run_dir_state else str(err)
+    message = (f"{err}; {rundir_summary(run_dir, err.resume_helps, isinstance(err, ConfigError))}"
+               if started and err.names_run_dir_state else str(err))
     if multirun:  # a sweep keeps the job dir: its result.json records this error
         print_error(message)
         from runner.sweep.callback import SweepJobFailed

@@ -66,6 +66,17 @@ def test_fixable_failure_suggests_resume_auto(tmp_path, monkeypatch, capsys):
                             f"hydra.run.dir={tmp_path / 'run'}\n")
 
 
+def test_a_bad_setting_in_a_run_dir_with_checkpoints_says_to_fix_it_first(tmp_path, monkeypatch, capsys):
+    """`optimizer.lr=abc resume=auto` in a run dir with checkpoints: "continue with the same command plus
+    resume=auto" advised the command that had just failed."""
+    from runner.errors import ConfigError
+
+    printed = _failed_run(tmp_path, monkeypatch, ConfigError("optimizer.lr", "is 'abc', text"), capsys)
+    assert printed == ("runner: error: bad config: optimizer.lr: is 'abc', text; the last complete checkpoint is "
+                       f"step 8; with the setting above fixed, resume=auto hydra.run.dir={tmp_path / 'run'} "
+                       "continues from it\n")
+
+
 def test_tampering_and_process_count_are_unfixable(tmp_path):
     """A tampered state and another process count are refusals resume=auto cannot fix."""
     import json
