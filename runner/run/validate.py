@@ -56,5 +56,5 @@ def validate(config: RunConfig, hardware: Hardware, build_the_data: bool = True)
     check_fit = getattr(task, "check_fit", None)
     if check_fit is not None:
         model.eval()
-        check_fit(model, next(iter(train)), model_node)
+        check_fit(model, next(iter(train)), model_node, config.data)
     return Validated(model, plan, total_steps, splits)

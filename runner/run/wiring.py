@@ -106,7 +106,7 @@ def build_parts(config: RunConfig, batch: BatchPlan, accelerator: Accelerator, s
     prepared_model, prepared_optimizer, train_batches, val_batches = accelerator.prepare(
         model, optimizer, train_batches, val_batches
     )
-    check_fit(task, accelerator, prepared_model, train_batches, config.model)
+    check_fit(task, accelerator, prepared_model, train_batches, config.model, config.data)
     steps_per_epoch, total_steps = planned_steps(trainer, len(train_batches), batch.accumulation)
     log.info("%s", schedule_summary(steps_per_epoch, total_steps, trainer.max_epochs))
     scheduler = accelerator.prepare(build_scheduler(config.scheduler, optimizer, total_steps))
@@ -153,7 +153,7 @@ def checkpoint_layout(config: RunConfig) -> Layout:
     return Layout.dcp if config.parallel.kind == ParallelKind.fsdp else Layout.safetensors
 
 
-def check_fit(task, accelerator: Accelerator, model, train_batches, model_node: dict) -> None:
+def check_fit(task, accelerator: Accelerator, model, train_batches, model_node: dict, data_node: dict) -> None:
     """Before the first step, one batch through the model (on every rank, under the run's autocast): a model that
     does not fit the data fails with the key to change (see Task.check_fit)."""
     check = getattr(task, "check_fit", None)
@@ -163,6 +163,6 @@ def check_fit(task, accelerator: Accelerator, model, train_batches, model_node: 
     module.eval()
     try:
         with accelerator.autocast():
-            check(module, next(iter(train_batches)), model_node)
+            check(module, next(iter(train_batches)), model_node, data_node)
     finally:
         module.train()

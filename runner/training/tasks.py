@@ -53,10 +53,13 @@ class Task:
     def evaluation_stats(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> Stats:
         return cross_entropy_stats(*self.flat_logits_and_targets(model, batch))
 
-    def check_fit(self, model: nn.Module, batch: dict[str, torch.Tensor], model_node: dict) -> None:
+    def check_fit(self, model: nn.Module, batch: dict[str, torch.Tensor], model_node: dict,
+                  data_node: dict | None = None) -> None:
         """One batch through the model before training: a model that cannot take the data, or fewer outputs than
         the data has classes, fails here with the model key to change, not as a traceback at the first step.
-        A model on the meta device (runner.run.validate) gets the batch there too: shapes only, no arithmetic."""
+        A model on the meta device (runner.run.validate) gets the batch there too: shapes only, no arithmetic.
+        `data_node` (the data config) names the user's label column where the data has one (tabular data's
+        `label_column` becomes the batches' 'label')."""
         for role, key in (("input_key", self.input_key), ("target_key", self.target_key)):
             if key not in batch:
                 raise ConfigError(f"task.{role}", f"'{key}' is not a column of the data's batches; they hold "
@@ -80,8 +83,10 @@ class Task:
         if labels.numel() and (int(labels.max()) >= classes or int(labels.min()) < 0):
             key = _first_key(model_node, OUTPUT_SIZE_KEYS)
             name = f"model.{key}" if key else "model"
+            column = (data_node or {}).get("label_column")
+            labels_are = (f"label column '{column}' (data.label_column)" if column else f"'{self.target_key}'")
             raise ConfigError(name, (
-                f"is {classes}, but the data's '{self.target_key}' holds class {int(labels.max())} (classes are "
+                f"is {classes}, but the data's {labels_are} holds class {int(labels.max())} (classes are "
                 f"numbered from 0); set {name}={int(labels.max()) + 1} or more"))
 
     @staticmethod

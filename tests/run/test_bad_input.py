@@ -36,6 +36,8 @@ TABLES = {
     "hole.csv": _csv(["a,b,label", "1,2,x", "3,,y", "4,5,x"]),
     "one_class.csv": _csv(["a,b,label", "1,2,x", "3,4,x", "5,6,x"]),
     "six_classes.csv": _csv(["a,b,label"] + [f"{i},{i * 2},{i % 6}" for i in range(36)]),
+    "species.csv": _csv(["a,b,species"] + [f"{i},{i * 2},{('setosa', 'versicolor', 'virginica')[i % 3]}"
+                                            for i in range(12)]),
     "negative.csv": _csv(["a,b,label"] + [f"{i},{i * 2},{i % 3 - 1}" for i in range(12)]),
     "good.csv": _csv(["a,b,c,d,label"] + [f"{i},{i % 3},{i % 5},{i % 7},{['p', 'q', 'r'][i % 3]}" for i in range(30)]),
     "not_parquet.parquet": _csv(["a,b,label", "1,2,x"]),
@@ -215,6 +217,9 @@ CASES = [
      "data.feature_columns", "z not in the data"),
     ("more classes than outputs", [*TABULAR, "data.train=six_classes.csv", "model.out_features=3"],
      "model.out_features", "set model.out_features=6 or more"),
+    ("more classes than outputs, in the user's label column",
+     [*TABULAR, "data.train=species.csv", "data.label_column=species", "model.out_features=2"], "model.out_features",
+     "is 2, but the data's label column 'species' (data.label_column) holds class 2"),
     ("features that do not fit the model", [*TABULAR, "data.train=good.csv", "model.in_features=3"],
      "model.in_features", "model.in_features is 3"),
     ("negative class numbers", [*TABULAR, "data.train=negative.csv"], "data.label_column",
@@ -343,7 +348,8 @@ def test_two_process_data_error_names_the_key(user_folder):
     result = run_cli("recipe=tabular_csv", "data.train=six_classes.csv", "model.out_features=3", "hardware=multi_cpu",
                      "hardware.start_method=fork", "trainer.progress_bar=false", cwd=user_folder)
     assert result.returncode == 1, result.output
-    assert "runner: error: bad config: model.out_features: is 3, but the data's 'label' holds class 5" in result.stderr
+    assert ("runner: error: bad config: model.out_features: is 3, but the data's label column 'label' "
+            "(data.label_column) holds class 5") in result.stderr
     # Both ranks read the data and raise the same error; the report names the one that exited first, which under
     # load can be rank 1 (seen in tests/stress.sh).
     assert re.search(r"\(rank [01], before the first optimizer step\)", result.stderr), result.stderr
