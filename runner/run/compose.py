@@ -407,6 +407,8 @@ def freeze(cfg: DictConfig, run_dir: Path) -> RunSpec:
     added = [Problem(*unknown) for unknown in keys_outside_the_schema(cfg)]
     if added:
         raise ConfigError(added)
+    if OmegaConf.select(cfg, "trainer.fast_dev_run") is not None:
+        without_run_dir_files(cfg)
     try:
         config = OmegaConf.to_object(cfg)
     except MissingMandatoryValue as err:
@@ -506,6 +508,18 @@ def with_group_origin(err: RunnerError, hydra) -> RunnerError:
                 "only what the recipe sets"))
         problems.append(problem)
     return ConfigError(problems) if problems != err.problems else err
+
+
+def without_run_dir_files(cfg: DictConfig) -> None:
+    """A debug run (trainer.fast_dev_run) writes nothing but its log: a path that a factory would save into inside
+    the run dir (`${runner.in_run_dir:tokenizer}`, the text recipes' trained tokenizer) becomes null."""
+    def paths(node, prefix: str = "") -> list[str]:
+        if isinstance(node, dict):
+            return [key for name, value in node.items() for key in paths(value, f"{prefix}{name}.")]
+        return [prefix.rstrip(".")] if isinstance(node, str) and "${runner.in_run_dir:" in node else []
+
+    for key in paths(OmegaConf.to_container(cfg, resolve=False)):
+        OmegaConf.update(cfg, key, None, force_add=False)
 
 
 def interpolation_sources(node, prefix: str = "") -> dict[str, str]:

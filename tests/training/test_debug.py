@@ -32,6 +32,18 @@ def test_debug_fast_leaves_only_its_log(tmp_path, monkeypatch):
     assert "schedule: 8 optimizer steps per epoch, 2 in total" in text
 
 
+def test_debug_fast_saves_no_tokenizer(tmp_path, monkeypatch):
+    """The text recipes save their trained tokenizer into the run dir (`${runner.in_run_dir:tokenizer}`); a debug
+    run left it there, though it writes nothing but its log."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "text.txt").write_text("the cat sat on the mat.\n" * 100)
+    main(["recipe=gpt", "data.train=text.txt", "data.block_size=16", "model.n_layer=1", "model.n_head=2",
+          "model.n_embd=32", "debug=fast"])
+    (run_dir,) = [path.parent for path in (tmp_path / "outputs").rglob("runner.log")]
+    assert sorted(path.name for path in run_dir.iterdir()) == [".runner.lock", "runner.log"]
+    assert "char tokenizer with 14 ids\n" in (run_dir / "runner.log").read_text()  # trained, not saved
+
+
 @pytest.mark.parametrize("settings, expected", [
     (dict(max_epochs=2), (10, 20)),
     (dict(max_epochs=2, limit_train_batches=3), (3, 6)),
