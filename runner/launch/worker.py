@@ -128,8 +128,23 @@ def train(spec: RunSpec, accelerator: Accelerator, peers=None) -> dict[str, floa
     parts = build_parts(config, spec.batch, accelerator)
     restored = _restore(resume_from, parts, accelerator, config, spec.batch.global_batch) if resume_from else None
     # Ended by its step budget or stopped early by a callback (early stopping) at that checkpoint.
-    finished = bool(restored) and (restored["loop"].get("stop_reason") is not None or is_finished(
-        restored["loop"]["step"], restored["loop"]["epoch"], parts.total_steps, config.trainer.max_epochs))
+    budget_spent = bool(restored) and is_finished(restored["loop"]["step"], restored["loop"]["epoch"],
+                                                  parts.total_steps, config.trainer.max_epochs)
+    finished = bool(restored) and (restored["loop"].get("stop_reason") is not None or budget_spent)
+    if finished and not _inside(resume_from, run_dir):
+        # resume=<another run> continues it in this new run dir: past an early stop it trains on (the callback's
+        # state came with the checkpoint, so a larger patience is what lets it go further); at the end of its step
+        # budget there is nothing to train, and that run's own dir is where resume=auto completes its files.
+        if budget_spent:
+            raise ConfigError("trainer.max_steps", (
+                f"is {config.trainer.max_steps} (max_epochs {config.trainer.max_epochs}), and {resume_from} is the end "
+                f"of a finished run (step {restored['loop']['step']}, epoch {restored['loop']['epoch']}): a run "
+                "continued from it in a new run dir trains further only with a larger trainer.max_steps or "
+                "trainer.max_epochs (to write what that run's end lacks, use resume=auto in its own run dir)"))
+        log.info("continuing %s, which stopped early (%s), in this new run dir: training goes on",
+                 resume_from, restored["loop"]["stop_reason"])
+        restored["loop"]["stop_reason"] = None
+        finished = False
     # Rank 0's view of the shared run dir, so that every rank takes the same path.
     if finished and not broadcast_object(missing_final_artifacts(run_dir, config)):
         log.info("the run already finished at step %d (%s); nothing to do", restored["loop"]["step"], resume_from)
@@ -156,6 +171,10 @@ def train(spec: RunSpec, accelerator: Accelerator, peers=None) -> dict[str, floa
     finally:
         loop.logger.close()
     return final
+
+
+def _inside(path: str, run_dir: Path) -> bool:
+    return Path(path).resolve().is_relative_to(run_dir.resolve())
 
 
 def missing_final_artifacts(run_dir: Path, config: RunConfig) -> list[str]:

@@ -145,6 +145,34 @@ def test_early_stop_on_a_checkpointed_step_exports(cwd, capsys):
     assert recorded["status"] == "completed" and recorded["stopped_early"].startswith("early stopping at step 4")
 
 
+def test_a_finished_run_continued_in_a_new_run_dir(cwd, capsys):
+    """resume=<run dir> continues another run in a new run dir. From an early stop it trains on (a larger patience
+    lets it); from the end of its step budget there is nothing to train, and the message names the key. With the
+    ema callback both ended in "could not write .../export": the end-of-run path looked for the other run's
+    checkpoint in the new run dir."""
+    first, stopped, budget = cwd / "first", cwd / "stopped", cwd / "budget"
+    common = (*TINY, "trainer.eval_every_steps=2", "callbacks=[early_stopping,ema]")
+    result = run_in_process(*common, "trainer.max_steps=12", "callbacks.early_stopping.patience=1",
+                            "callbacks.early_stopping.min_delta=10", f"hydra.run.dir={first}", cwd=cwd, capsys=capsys)
+    assert result.returncode == 0 and "early stopping at step 4" in result.output, result.output
+
+    more_patience = run_in_process(*common, "trainer.max_steps=8", "callbacks.early_stopping.patience=10",
+                                   f"hydra.run.dir={stopped}", f"resume={first}", cwd=cwd, capsys=capsys)
+    assert more_patience.returncode == 0, more_patience.output
+    assert "which stopped early (early stopping at step 4" in more_patience.output
+    assert json.loads((stopped / "export" / "final.json").read_text())["step"] == 8  # trained on, to its budget
+    assert (stopped / "export" / "ema.safetensors").is_file()
+
+    nothing_to_train = run_in_process(*common, "trainer.max_steps=8", f"hydra.run.dir={budget}",
+                                      f"resume={stopped}", cwd=cwd, capsys=capsys)
+    assert nothing_to_train.returncode == 1, nothing_to_train.output
+    assert ("runner: error: bad config: trainer.max_steps: is 8 (max_epochs 3), and "
+            f"{stopped / 'checkpoints' / 'step_00000008'} is the end of a finished run (step 8, epoch 1)"
+            in nothing_to_train.output), nothing_to_train.output
+    assert "trains further only with a larger trainer.max_steps or trainer.max_epochs" in nothing_to_train.output
+    assert not budget.exists()  # nothing trained: the new run dir is gone
+
+
 def test_resume_auto_rewrites_a_deleted_export(cwd, capsys):
     """On a finished run, and it says so."""
     run_dir = cwd / "run"
