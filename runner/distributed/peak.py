@@ -37,9 +37,9 @@ CPU_MATMUL_SIZE = 1024
 """The side of the square matmul timed on a CPU: 2.1 GFLOP, large enough for the BLAS kernels' peak."""
 CPU_REPEATS = 5
 CPU_PRODUCT_BUDGET_S = 0.25
-"""At most this long for one timed product, as a 128x128 probe predicts it: a dtype the CPU only emulates is timed
-on a smaller square. fp16 on an AVX2 CPU computes about 1 GFLOP/s at 1024x1024 (2 s a product, 12 s for the six a
-measurement takes, at the start of a run) against 90-200 GFLOP/s for float32 and native bfloat16."""
+"""At most this long for one timed product, as the last smaller square predicts it: a dtype the CPU only emulates is
+timed on a smaller square. fp16 on an AVX2 CPU computes about 1 GFLOP/s at 1024x1024 (2 s a product, 12 s for the
+six a measurement takes, at the start of a run) against 90-200 GFLOP/s for float32 and native bfloat16."""
 
 
 @dataclass(frozen=True)
@@ -107,12 +107,19 @@ def cpu_peak(precision: str, threads: int, cache_dir: Path) -> Peak:
 
 def measure_matmul_flops(dtype: torch.dtype, size: int = CPU_MATMUL_SIZE, repeats: int = CPU_REPEATS,
                          budget_s: float = CPU_PRODUCT_BUDGET_S) -> tuple[float, int]:
-    """(the best FLOP/s of `repeats` square matmuls, their side): `size`, halved while a 128x128 probe predicts
-    that one product would take longer than `budget_s` (the first product, which warms the kernels, not counted)."""
-    probe = _matmul_seconds(dtype, 128, repeats=1)
-    while size > 128 and probe * (size / 128) ** 3 > budget_s:
-        size //= 2
-    return 2 * size**3 / max(_matmul_seconds(dtype, size, repeats), 1e-9), size
+    """(the best FLOP/s of square matmuls, their side): squares from 128 up to `size`, doubling the side while the
+    last one measured predicts that the next product takes at most `budget_s`. Upward, because a small product can
+    be far slower per FLOP than a large one (fp16 on 2 threads of an AVX512 CPU: 0.3 GFLOP/s at 128x128, 78 at
+    1024x1024): predicting from 128x128 alone timed fp16 there on 256x256 and put its peak 20x too low."""
+    best, best_side, side = 0.0, 128, 128
+    while True:
+        seconds = _matmul_seconds(dtype, side, repeats)
+        flops = 2 * side**3 / max(seconds, 1e-9)
+        if flops >= best * (1 - 1e-9):  # a tie goes to the larger square
+            best, best_side = flops, side
+        if side * 2 > size or seconds * 8 > budget_s:
+            return best, best_side
+        side *= 2
 
 
 def _matmul_seconds(dtype: torch.dtype, size: int, repeats: int) -> float:

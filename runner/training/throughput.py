@@ -10,13 +10,16 @@ attention to within a few tenths of a percent (tests/training/test_throughput.py
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from runner.distributed.peak import Peak
+from runner.distributed.peak import Peak, default_cache_dir
 from runner.errors import first_line
+
+log = logging.getLogger(__name__)
 
 
 class _OnMeta:
@@ -63,13 +66,14 @@ def count_flops_per_sample(model: nn.Module, task, batch: dict[str, torch.Tensor
     return flops / rows, "counted on one step's forward and backward by torch.utils.flop_counter"
 
 
-@dataclass(frozen=True)
+@dataclass
 class Throughput:
     """What the loop needs to turn samples/s into FLOP/s per device and MFU."""
 
     flops_per_sample: float | None
     peak: Peak
     counted: str = ""
+    above_peak_said: bool = field(default=False, repr=False, compare=False)
 
     def metrics(self, samples_per_s: float, processes: int) -> dict[str, float]:
         if not self.flops_per_sample:
@@ -78,6 +82,13 @@ class Throughput:
         metrics = {"train/flops_per_s": flops_per_s}
         if self.peak.flops_per_s:
             metrics["train/mfu"] = flops_per_s / self.peak.flops_per_s
+            if metrics["train/mfu"] > 1 and not self.above_peak_said:
+                # No run computes faster than its device's peak: the peak is wrong (a CPU's, measured while other
+                # work held the cores, then cached), and every train/mfu of the run with it.
+                self.above_peak_said = True
+                log.warning("train/mfu is %.2f, above 1: the peak it is measured against (%s) is too low; on a "
+                            "CPU, delete %s to measure it again on idle cores", metrics["train/mfu"],
+                            self.peak.source, default_cache_dir() / "peak_flops.json")
         return metrics
 
     def describe(self, tokens_per_sample: int | None = None) -> str:

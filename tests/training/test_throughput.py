@@ -117,12 +117,42 @@ def test_cpu_peak_is_measured_once_and_cached(tmp_path):
     assert "measured now" in cpu_peak("fp32", 1, tmp_path).source
 
 
-def test_a_slow_dtype_is_timed_on_a_smaller_square():
-    """One timed product is kept under the budget as a 128x128 probe predicts it (fp16 on an AVX2 CPU would take
-    2 s a product at 1024x1024): no budget leaves the probe's own size; a generous one the full 1024."""
+def test_an_mfu_above_1_says_the_peak_is_too_low(caplog, monkeypatch, tmp_path):
+    """A CPU peak measured while other work held the cores is cached too low, and every train/mfu of the run reads
+    above 1; the run says so once."""
+    import logging
+
+    monkeypatch.setenv("RUNNER_CACHE_HOME", str(tmp_path))
+    throughput = Throughput(1e9, Peak(1e9, "a 256x256 float16 matmul on 2 thread(s), measured now"), "counted")
+    with caplog.at_level(logging.WARNING):
+        assert throughput.metrics(samples_per_s=0.5, processes=1)["train/mfu"] == 0.5
+        assert caplog.text == ""
+        assert throughput.metrics(samples_per_s=2.0, processes=1)["train/mfu"] == 2.0
+        throughput.metrics(samples_per_s=3.0, processes=1)
+    assert caplog.text.count("train/mfu is 2.00, above 1: the peak it is measured against (a 256x256 float16 matmul "
+                             "on 2 thread(s), measured now) is too low; on a CPU, delete "
+                             f"{tmp_path / 'peak_flops.json'} to measure it again on idle cores") == 1
+
+
+def test_a_slow_dtype_is_timed_on_a_smaller_square(monkeypatch):
+    """One timed product is kept under the budget as the last smaller square predicts it (fp16 on an AVX2 CPU would
+    take 2 s a product at 1024x1024): no budget leaves the first square; a generous one the full 1024."""
     flops, size = measure_matmul_flops(torch.float32, budget_s=0.0)
     assert size == 128 and flops > 1e8
     assert measure_matmul_flops(torch.float32, budget_s=3600.0)[1] == 1024
+
+    from runner.distributed import peak
+
+    def timed(rates):  # seconds of one product at each side, from GFLOP/s measured on real CPUs
+        return lambda dtype, side, repeats: 2 * side**3 / (rates[side] * 1e9)
+
+    # fp16 on 2 threads of an AVX512 CPU: slow on small squares, fast on large ones. Predicted from 128x128, it
+    # was timed on 256x256 and its peak put at 2.7 GFLOP/s, under what runs achieve: train/mfu read above 1.
+    monkeypatch.setattr(peak, "_matmul_seconds", timed({128: 0.3, 256: 2.7, 512: 22.5, 1024: 77.6}))
+    assert measure_matmul_flops(torch.float16) == (pytest.approx(77.6e9), 1024)
+    # fp16 on an AVX2 CPU, about 1 GFLOP/s at every size: a 512x512 product would take 0.27 s.
+    monkeypatch.setattr(peak, "_matmul_seconds", timed({128: 1.0, 256: 1.0, 512: 1.0, 1024: 1.0}))
+    assert measure_matmul_flops(torch.float16) == (pytest.approx(1e9), 256)
 
 
 def test_the_loop_logs_flops_per_second_and_mfu(cli, tmp_path):
