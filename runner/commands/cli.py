@@ -35,7 +35,7 @@ from runner.launch.worker import console_from_rank_zero_only, missing_final_arti
 from runner.sweep.report import finished_result, refuse_other_jobs_dir
 from runner.launch.shutdown import skip_collection_at_exit
 from runner.sweep.callback import refuse_search_under_torchrun
-from runner.distributed.signals import stop_during_startup
+from runner.distributed.signals import hand_over_to_submitit, stop_during_startup, submitit_takes_over
 
 log = logging.getLogger("runner")
 
@@ -254,8 +254,11 @@ def run_task(cfg: DictConfig, run_dir: rundir.RunDir | None = None) -> float:
         again = f"; continue with the same command plus resume=auto hydra.run.dir={run_dir.path}" if stop.step else ""
         if stop.step and not stop.checkpoint:  # checkpoint.enabled=false: there is nothing to continue from
             again = "; the same command starts it over (with checkpoints on, a stop saves one to continue from)"
+        if stop.checkpoint and submitit_takes_over(stop.signal_name):
+            again = "; submitit requeues the job, which continues from it"
         print(f"runner: {stop}{again}", file=sys.stderr)
         _to_log_files(f"{stop}{again}")  # the run's own record says why it ended, as a rank's log does
+        hand_over_to_submitit(stop.signal_name)  # its time-limit signal: submitit requeues the job (and exits)
         raise SystemExit(PREEMPTED_EXIT_CODE)
     except KeyboardInterrupt:
         run_dir.unlock()

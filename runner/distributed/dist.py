@@ -118,6 +118,12 @@ def restart_count() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
+def requeued_by_submitit() -> bool:
+    """A submitit job (hydra/launcher=slurm) that SLURM starts again after submitit requeued it: its trial
+    continues from its newest checkpoint, as a group torchrun restarted does."""
+    return "SUBMITIT_EXECUTOR" in os.environ and int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0
+
+
 def external_rank() -> int | None:
     """The RANK a launcher outside this program (torchrun, SLURM via torchrun) gave this process, if any."""
     return int(os.environ["RANK"]) if "RANK" in os.environ else None

@@ -39,15 +39,38 @@ def _install(sig: signal.Signals, handler):
     return signal.signal(sig, handler)
 
 
+_submitit_requeue = None
+"""submitit's own SIGUSR2 handler, which the runner's stop handler displaces: it requeues the job."""
+
+
 def stop_signals(configured) -> list[signal.Signals]:
     """checkpoint.stop_signals as signals; under submitit (hydra/launcher=slurm) SIGUSR2 too, so a job nearing its
-    time limit stops cleanly instead of dying. An empty list stays empty: the user asked for default behaviour."""
+    time limit stops cleanly, saving a checkpoint, instead of dying; submitit's handler then requeues it
+    (hand_over_to_submitit). An empty list stays empty: the user asked for default behaviour."""
     import os
 
+    global _submitit_requeue
     names = [str(getattr(name, "value", name)) for name in configured]
     if names and SUBMITIT_SIGNAL not in names and any(marker in os.environ for marker in SUBMITIT_MARKERS):
         names.append(SUBMITIT_SIGNAL)
+        handler = signal.getsignal(signal.Signals[SUBMITIT_SIGNAL])
+        if callable(handler) and str(getattr(handler, "__module__", "")).startswith("submitit"):
+            _submitit_requeue = handler
     return [signal.Signals[name] for name in names]
+
+
+def submitit_takes_over(signal_name: str) -> bool:
+    """Whether a stop on this signal goes on to submitit's handler (hand_over_to_submitit)."""
+    return signal_name == SUBMITIT_SIGNAL and _submitit_requeue is not None
+
+
+def hand_over_to_submitit(signal_name: str) -> None:
+    """After a stop on submitit's SIGUSR2 has sealed its checkpoint: call submitit's handler, as SLURM's signal
+    would have without the runner. It requeues the job (exiting the process; the requeued job continues from the
+    checkpoint, runner.distributed.dist.requeued_by_submitit), or, where it cannot, records the job as ended, so
+    the sweep waiting for it does not wait forever."""
+    if submitit_takes_over(signal_name):
+        _submitit_requeue(signal.Signals[SUBMITIT_SIGNAL], None)
 
 
 def stop_before_training(signum, frame=None):

@@ -25,7 +25,7 @@ from runner.config import RunConfig, RunSpec, plain
 from runner.config.groups import config_folders, drop_swapped_group_keys, group_default_origin
 from runner.config.search_path import config_dir
 from runner.distributed.devices import resolve_hardware
-from runner.distributed.dist import restart_count, writes_run_dir
+from runner.distributed.dist import requeued_by_submitit, restart_count, writes_run_dir
 from runner.errors import ConfigError, Problem, RunnerError, write_failure, yaml_problem
 from runner.ground import install_hint
 from runner.run.checks import check
@@ -336,8 +336,9 @@ def preflight(spec: RunSpec) -> RunSpec:
     # config.yaml records the process count the run used (a null num_processes resolved here).
     config = replace(config, hardware=replace(config.hardware, num_processes=hardware.processes_per_machine))
     run_dir = Path(spec.run_dir)
-    # A restarted group (torchrun --max-restarts) continues from its newest checkpoint on its own.
-    resume = config.resume or ("auto" if restart_count() > 0 else None)
+    # A restarted group (torchrun --max-restarts) or a requeued submitit job continues from its newest checkpoint on
+    # its own.
+    resume = config.resume or ("auto" if restart_count() > 0 or requeued_by_submitit() else None)
     # checkpoint.dir: its access is checked now, before training; the machine that writes the run dir fetches (for
     # resume=auto from checkpoint.dir, and resume=<URL>).
     storage = Storage(config.checkpoint.dir) if config.checkpoint.dir and config.checkpoint.enabled else None

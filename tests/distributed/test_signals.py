@@ -41,6 +41,41 @@ def test_under_submitit_sigusr2_also_stops_the_run(monkeypatch):
     signal.signal(signal.SIGUSR2, signal.SIG_DFL)
 
 
+def test_a_stop_on_submitits_signal_is_handed_to_submitits_handler(monkeypatch):
+    """submitit's SIGUSR2 handler requeues the job. The runner's stop handler displaces it, saves, and then calls
+    it: without that a trial stopped near its time limit exited 75, nothing requeued it, and the sweep waited
+    forever. The requeued job (SLURM_RESTART_COUNT > 0) continues from its checkpoint (tests/slurm, part d)."""
+    from runner.distributed import signals
+    from runner.distributed.dist import requeued_by_submitit
+
+    calls = []
+
+    def checkpoint_and_try_requeue(signum, frame):  # what submitit installs, named by its module
+        calls.append(signum)
+
+    checkpoint_and_try_requeue.__module__ = "submitit.core.job_environment"
+    monkeypatch.setattr(signals, "_submitit_requeue", None)
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
+    previous = signal.signal(signal.SIGUSR2, checkpoint_and_try_requeue)
+    try:
+        with StopSignals(["SIGTERM"]) as stop:
+            os.kill(os.getpid(), signal.SIGUSR2)
+            assert stop.requested() and calls == []  # the runner's handler took it: the run saves first
+        assert signals.submitit_takes_over("SIGUSR2") and not signals.submitit_takes_over("SIGTERM")
+        signals.hand_over_to_submitit("SIGTERM")
+        assert calls == []
+        signals.hand_over_to_submitit("SIGUSR2")
+        assert calls == [signal.SIGUSR2]
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
+    assert not requeued_by_submitit()
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    assert requeued_by_submitit()
+    monkeypatch.delenv("SUBMITIT_EXECUTOR")
+    assert not requeued_by_submitit()  # a plain sbatch --requeue job continues only with resume=auto
+
+
 def test_unsignalled_exit_restores_handlers():
     """Without a signal, the previous handlers come back."""
     before = signal.getsignal(signal.SIGUSR1)

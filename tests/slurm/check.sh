@@ -7,11 +7,13 @@
 #      checkpoint and exit 75, the job runs again and resumes (resume=auto), ending bitwise equal to an
 #      uninterrupted run;
 #   c. a `hydra/launcher=slurm` sweep of 2 trials runs both as jobs of the cluster and reports both;
-#   d. the daemons are stopped at the end, and no SLURM process of the lane is left.
-# The checks of a-c are in lane_slurm.py; this script installs, starts and stops the cluster and times each part.
+#   d. a `hydra/launcher=slurm` trial sent submitit's time-limit signal (SIGUSR2) saves, is requeued by submitit,
+#      resumes and completes, and the sweep ends;
+# and the daemons are stopped at the end, with no SLURM process of the lane left.
+# The checks of a-d are in lane_slurm.py; this script installs, starts and stops the cluster and times each part.
 #
 #   bash tests/slurm/check.sh            # from the repo root, the project's venv active (CI: after the test suite)
-#   bash tests/slurm/check.sh b          # only part b (any of a b c, run in the order given)
+#   bash tests/slurm/check.sh b          # only part b (any of a b c d, run in the order given)
 #
 # Needs root (apt-get, the daemons). The last line is the verdict: "SLURM lane PASSED", "SLURM lane FAILED: ..."
 # (exit 1), or "SLURM lane SKIPPED: <why>" (exit 0) when slurm-wlm/munge or the slurm extra cannot be installed or
@@ -284,7 +286,7 @@ elapsed cluster "$t"
 
 # --- the checks ----------------------------------------------------------------------------------------------------
 work="$(mktemp -d /tmp/runner-slurm-lane-work.XXXXXX)"
-for part in ${*:-a b c}; do
+for part in ${*:-a b c d}; do
     t=$SECONDS
     python tests/slurm/lane_slurm.py "$part" --work "$work/$part" --partition "$partition" \
         || fail "part $part (see above; its outputs: $work/$part)"

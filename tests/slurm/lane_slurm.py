@@ -3,6 +3,7 @@
     python tests/slurm/lane_slurm.py a --work DIR --partition lane   # srun's tasks are one training
     python tests/slurm/lane_slurm.py b --work DIR --partition lane   # preemption, requeue and resume
     python tests/slurm/lane_slurm.py c --work DIR --partition lane   # a hydra/launcher=slurm sweep
+    python tests/slurm/lane_slurm.py d --work DIR --partition lane   # submitit's time-limit signal in a sweep
 
 Each part submits small runs of the default recipe with sbatch into DIR, waits for them with a deadline, and checks
 what the docs promise (docs/distributed.md, docs/checkpoints.md, docs/sweeps.md). Weights are compared exactly
@@ -290,7 +291,52 @@ def part_c(work: Path, partition: str) -> None:
         + "; ".join(f"lr={row['optimizer.lr']} {monitor}={row[monitor]}" for row in rows))
 
 
-PARTS = {"a": part_a, "b": part_b, "c": part_c}
+def part_d(work: Path, partition: str) -> None:
+    """A hydra/launcher=slurm trial that gets submitit's time-limit signal (SIGUSR2, what its `--signal=USR2@120`
+    sends) saves a checkpoint, is requeued by submitit, continues from that checkpoint and completes, and the sweep
+    ends with it in the report. The runner used to take the signal, exit 75 and leave nothing to requeue the job:
+    the sweep then waited forever (no accounting here, so submitit could not tell the job had ended)."""
+    sweep_dir = work / "sweep"
+    cmd = [sys.executable, "-m", "runner", "-m", "hydra/launcher=slurm", f"hydra.launcher.partition={partition}",
+           "hydra.launcher.timeout_min=10", "hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=1",
+           "optimizer.lr=1e-3", "trainer.max_steps=600", "checkpoint.every_n_steps=50", *SMALL,
+           f"hydra.sweep.dir={sweep_dir}"]
+    sweep = subprocess.Popen(cmd, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: first_checkpoint(sweep_dir / "0"), f"the trial's first checkpoint in {sweep_dir}/0", 180)
+        # The job's folder (<job>; <job>_<task> for an array of trials) is there before its first checkpoint.
+        (job,) = [p.name for p in (sweep_dir / ".submitit").iterdir() if re.fullmatch(r"\d+(_\d+)?", p.name)]
+        run(["scancel", "--signal=USR2", job])
+        say(f"part d: `scancel --signal=USR2 {job}` after the trial's first checkpoint")
+        output, _ = sweep.communicate(timeout=300)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+            sweep.communicate()
+    check(sweep.returncode == 0, f"the sweep `{shlex.join(cmd)}` exited {sweep.returncode}:\n{tail(output)}")
+    info = wait_job(sweep_dir / ".submitit" / job, job, 60)
+    check(info.get("JobState") == "COMPLETED" and info.get("Restarts") == "1",
+          f"SLURM job {job} is {info.get('JobState')} with Restarts={info.get('Restarts')}, expected COMPLETED after "
+          f"one requeue")
+    job_log = "".join(path.read_text() for path in sorted((sweep_dir / ".submitit" / job).glob("*.err")))
+    stopped = re.search(r"runner: stopped by SIGUSR2 after optimizer step (\d+); saved \S+; submitit requeues the "
+                        r"job, which continues from it", job_log)
+    check(stopped is not None, f"job {job}'s stderr has no 'stopped by SIGUSR2 ... submitit requeues the job':\n"
+                               f"{tail(job_log)}")
+    step = int(stopped.group(1))
+    log = (sweep_dir / "0" / "runner.log").read_text()
+    check(re.search(r"resum\w* .*step_0*" + str(step), log) is not None,
+          f"the trial's runner.log does not say it resumed from step {step}:\n{tail(log)}")
+    with open(sweep_dir / "sweep_report.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    check(len(rows) == 1 and rows[0]["status"] == "completed" and int(rows[0]["steps"]) > step,
+          f"sweep: expected one completed trial of more than {step} steps in {sweep_dir}/sweep_report.csv, found "
+          f"{rows}")
+    say(f"part d: job {job} stopped by SIGUSR2 after step {step}, requeued by submitit, resumed from step {step} "
+        f"and completed; the sweep exited 0")
+
+
+PARTS = {"a": part_a, "b": part_b, "c": part_c, "d": part_d}
 
 
 def main() -> int:
