@@ -252,6 +252,8 @@ def run_task(cfg: DictConfig, run_dir: rundir.RunDir | None = None) -> float:
     except Preempted as stop:
         run_dir.unlock()
         again = f"; continue with the same command plus resume=auto hydra.run.dir={run_dir.path}" if stop.step else ""
+        if stop.step and multirun:  # a sweep's job: -m ignores hydra.run.dir; the sweep is re-run in its own dir
+            again = f"; continue the sweep with the same command plus resume=auto hydra.sweep.dir={hydra.sweep.dir}"
         if stop.step and not stop.checkpoint:  # checkpoint.enabled=false: there is nothing to continue from
             again = "; the same command starts it over (with checkpoints on, a stop saves one to continue from)"
         if stop.checkpoint and submitit_takes_over(stop.signal_name):

@@ -125,6 +125,22 @@ def test_optuna_runs_trials_and_resumes_its_study(cli):
     assert sorted(trial.value for trial in study.trials[:3]) == pytest.approx(sorted(values))
 
 
+def test_a_stopped_sweep_job_says_how_to_continue_the_sweep(cli, tmp_path):
+    """A stop signal in a sweep's job: the advice is the sweep's (hydra.sweep.dir), not hydra.run.dir, which -m
+    ignores."""
+    (tmp_path / "stopper.py").write_text(
+        "import os, signal\nfrom runner.training.callbacks import Callback\n\n\nclass TermAtStep2(Callback):\n"
+        "    def on_step_end(self, loop):\n        if loop.state.step == 2:\n"
+        "            os.kill(os.getpid(), signal.SIGTERM)\n")
+    sweep = tmp_path / "sweep"
+    result = cli("-m", *TINY, "trainer.max_steps=6", "optimizer.lr=1e-3", "+callbacks.stop._target_=stopper.TermAtStep2",
+                 "allowed_targets=[runner.,torch.,datasets.,stopper.]", f"hydra.sweep.dir={sweep}")
+    assert result.returncode == 75, result.output
+    assert (f"runner: stopped by SIGTERM after optimizer step 2; saved {sweep / '0' / 'checkpoints'}" in result.output
+            and f"; continue the sweep with the same command plus resume=auto hydra.sweep.dir={sweep}"
+            in result.output), result.output
+
+
 def test_a_search_in_which_every_trial_failed_ends_in_one_paragraph(cli):
     """Optuna asks the study for its best trial after the last one; a new study that holds only failed trials has
     none, which the plugin met with "ValueError: Record does not exist" and a traceback."""
