@@ -179,9 +179,11 @@ class EarlyStopping(Callback):
             return
         self.bad_evaluations += 1
         if self.bad_evaluations >= self.patience:
+            # The value improvements are measured from (the last one by more than min_delta), not the run's best,
+            # which a smaller gain since may have passed: "best" here contradicted the run's own summary.
             reason = (f"early stopping at step {loop.state.step}: {self.monitor} did not improve by more than "
-                      f"{self.min_delta:g} for {self.patience} evaluation(s); best {self.best:.4f} at step "
-                      f"{self.best_step}")
+                      f"{self.min_delta:g} on {self.best:.4f} (step {self.best_step}) for {self.patience} "
+                      "evaluation(s)")
             if self.run.writes_files:
                 (self.run.run_dir / self.REASON_FILE).write_text(json.dumps({
                     "reason": reason, "step": loop.state.step, "monitor": self.monitor, "best": self.best,

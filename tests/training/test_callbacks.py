@@ -73,8 +73,8 @@ def test_early_stopping_saves_and_records_why(run):
     """Early stopping ends the run, saves it and records why."""
     run_dir, _ = run
     result = json.loads((run_dir / "result.json").read_text())
-    reason = ("early stopping at step 2: val/accuracy did not improve by more than 10 for 1 evaluation(s); best "
-              f"{result['best_value']:.4f} at step 1")
+    reason = (f"early stopping at step 2: val/accuracy did not improve by more than 10 on {result['best_value']:.4f} "
+              "(step 1) for 1 evaluation(s)")
     assert result["steps"] == 2 and result["stopped_early"] == reason
     assert reason in (run_dir / "runner.log").read_text()
     manifest = json.loads((run_dir / "checkpoints" / "step_00000002" / "manifest.json").read_text())
