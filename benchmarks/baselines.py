@@ -79,7 +79,7 @@ def digits_baseline() -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--speeches", type=Path, help="the CSV from benchmarks/shakespeare_corpus.py --speeches "
                                                        "(without it, only the digits recipes run)")
     args = parser.parse_args()

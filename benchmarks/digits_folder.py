@@ -30,7 +30,7 @@ def write_digits(root: Path) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("output", type=Path, help="a new or empty folder")
     args = parser.parse_args()
     if args.output.exists() and any(args.output.iterdir()):

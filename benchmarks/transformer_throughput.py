@@ -129,7 +129,7 @@ def parameters_without_position_embedding() -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=6 * WINDOW, help="steps per run, a multiple of 25")
     parser.add_argument("--arm", choices=("plain",), help=argparse.SUPPRESS)
