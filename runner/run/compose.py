@@ -405,7 +405,7 @@ def resolve(cfg: DictConfig) -> RunSpec:
 
 def freeze(cfg: DictConfig, run_dir: Path) -> RunSpec:
     """Resolve every interpolation once, here, and hand workers plain typed objects (never a DictConfig)."""
-    added = [Problem(*unknown) for unknown in keys_outside_the_schema(cfg)]
+    added = keys_outside_the_schema(cfg)
     if added:
         raise ConfigError(added)
     if OmegaConf.select(cfg, "trainer.fast_dev_run") is not None:
@@ -422,8 +422,8 @@ def freeze(cfg: DictConfig, run_dir: Path) -> RunSpec:
     return RunSpec(config=config, run_dir=str(run_dir))
 
 
-def keys_outside_the_schema(node: DictConfig, path: str = "") -> list[tuple[str, str]]:
-    """(key, message) for each key of a schema-typed section (trainer, checkpoint, ...) that its dataclass does not
+def keys_outside_the_schema(node: DictConfig, path: str = "") -> list[Problem]:
+    """A problem for each key of a schema-typed section (trainer, checkpoint, ...) that its dataclass does not
     have. The schema refuses a misspelled key, but Hydra adds one given with `+` (as its own error advises), and
     nothing would read it: `+trainer.max_step=5` would train the recipe's max_steps without a word. Free-form
     sections (model, data, callbacks: a target's arguments) are not checked here; their targets refuse what they do
@@ -437,8 +437,7 @@ def keys_outside_the_schema(node: DictConfig, path: str = "") -> list[tuple[str,
     found = []
     for key in node.keys():
         if key not in names:
-            problem = unknown_setting_problem(f"{path}{key}", names)
-            found.append((problem.key, problem.message))
+            found.append(unknown_setting_problem(f"{path}{key}", names))
             continue
         child = node._get_node(key)
         if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
