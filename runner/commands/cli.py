@@ -251,13 +251,7 @@ def run_task(cfg: DictConfig, run_dir: rundir.RunDir | None = None) -> float:
         return _fail(err, run_dir, multirun)
     except Preempted as stop:
         run_dir.unlock()
-        again = f"; continue with the same command plus resume=auto hydra.run.dir={run_dir.path}" if stop.step else ""
-        if stop.step and multirun:  # a sweep's job: -m ignores hydra.run.dir; the sweep is re-run in its own dir
-            again = f"; continue the sweep with the same command plus resume=auto hydra.sweep.dir={hydra.sweep.dir}"
-        if stop.step and not stop.checkpoint:  # checkpoint.enabled=false: there is nothing to continue from
-            again = "; the same command starts it over (with checkpoints on, a stop saves one to continue from)"
-        if stop.checkpoint and submitit_takes_over(stop.signal_name):
-            again = "; submitit requeues the job, which continues from it"
+        again = how_to_continue(stop, run_dir.path, hydra.sweep.dir if multirun else None)
         print(f"runner: {stop}{again}", file=sys.stderr)
         _to_log_files(f"{stop}{again}")  # the run's own record says why it ended, as a rank's log does
         hand_over_to_submitit(stop.signal_name)  # its time-limit signal: submitit requeues the job (and exits)
@@ -285,6 +279,21 @@ def end_summary(run_dir: Path, config: RunConfig, value: float, wall_s: float) -
     if exports:
         text += f"; exports in {run_dir / 'export'}: {', '.join(exports)}"
     return text
+
+
+def how_to_continue(stop: Preempted, run_dir: Path, sweep_dir: str | None) -> str:
+    """What follows a stop's message: nothing before training; how it continues from its checkpoint (submitit's
+    requeue, the sweep re-run in its own dir, which -m needs, or resume=auto in the run dir); or that, with
+    checkpoints off, the same command starts it over."""
+    if not stop.step:
+        return ""
+    if not stop.checkpoint:  # checkpoint.enabled=false: there is nothing to continue from
+        return "; the same command starts it over (with checkpoints on, a stop saves one to continue from)"
+    if submitit_takes_over(stop.signal_name):
+        return "; submitit requeues the job, which continues from it"
+    if sweep_dir is not None:
+        return f"; continue the sweep with the same command plus resume=auto hydra.sweep.dir={sweep_dir}"
+    return f"; continue with the same command plus resume=auto hydra.run.dir={run_dir}"
 
 
 def monitored_value(final: dict[str, float], monitor: str) -> float:
