@@ -97,7 +97,8 @@ class HardwareConfig:
     cluster at hardware.ray_address; the `ray` extra)."""
     ray_address: Optional[str] = None
     """launcher=ray: the cluster to join, as ray.init(address=...) takes it ("auto": the one `ray start` runs on
-    this machine; "ray://head:10001"). None: a Ray instance of its own on this machine for the run."""
+    this machine; "ray://head:10001"). None: the cluster RAY_ADDRESS names (`ray job submit` sets it), else a Ray
+    instance of its own on this machine for the run."""
 
 
 class ParallelKind(str, Enum):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 from pathlib import Path
 
 from runner.config import RunSpec
@@ -47,12 +48,13 @@ def launch_on_ray(spec: RunSpec) -> dict[str, float]:
     hardware = spec.hardware
     workers = hardware.processes_per_machine * hardware.num_machines
     worker.prepare_data(spec.config)  # generate and cache once, here, before the workers read it
-    address = spec.config.hardware.ray_address
+    address, named_by = cluster_address(spec.config.hardware.ray_address)
     if not ray.is_initialized():
-        _connect(ray, address, workers)
+        _connect(ray, address, named_by, workers)
     _say_what_the_cluster_lacks(ray, address, workers, hardware.device_type == "cuda")
     log.info("launching %d Ray Train worker(s) on the Ray cluster %s; their logs: %s", workers,
-             address or "started here for this run", Path(spec.run_dir) / "runner_rank<N>.log")
+             "started here for this run" if address == OWN_INSTANCE else f"{address} (named by {named_by})",
+             Path(spec.run_dir) / "runner_rank<N>.log")
     storage = Path(spec.run_dir).resolve() / RAY_DIR
     trainer = TorchTrainer(
         _ray_worker, train_loop_config={"spec": spec},
@@ -100,29 +102,46 @@ def _ray_worker(config: dict) -> None:
     ray.train.report(numbers)  # what Ray shows; every worker reports, as Ray Train asks
 
 
-def _connect(ray, address: str | None, workers: int) -> None:
-    """ray.init: a cluster started here for this run (no address), or the one at `address`. An address where
-    nothing listens is named at once: Ray itself retries the connection for minutes, printing only its warnings."""
-    host, _, port = (address or "").rpartition(":")
-    if address and "://" not in address and host and port.isdigit():
+OWN_INSTANCE = "local"
+"""ray.init's address for a Ray instance started for this run alone, even where another runs on this machine."""
+
+
+def cluster_address(ray_address: str | None) -> tuple[str, str]:
+    """(the address ray.init is given, the setting that named it) for hardware.ray_address: the one given; for
+    null, the cluster RAY_ADDRESS names (what `ray job submit` sets for the job it starts), else a Ray instance of
+    the run's own. Ray's own ray.init() without an address would join the newest cluster `ray start` left on this
+    machine, one the user did not name, whose workers need not see this run's files or Python path."""
+    if ray_address:
+        return ray_address, "hardware.ray_address"
+    if os.environ.get("RAY_ADDRESS"):
+        return os.environ["RAY_ADDRESS"], "RAY_ADDRESS"
+    return OWN_INSTANCE, "hardware.ray_address"
+
+
+def _connect(ray, address: str, named_by: str, workers: int) -> None:
+    """ray.init: a Ray instance started here for this run (OWN_INSTANCE), or the cluster at `address`. An address
+    where nothing listens is named at once: Ray itself retries the connection for minutes, printing only its
+    warnings."""
+    host, _, port = address.rpartition(":")
+    if "://" not in address and host and port.isdigit():
         import socket
 
         try:
             socket.create_connection((host, int(port)), timeout=5).close()
         except OSError as err:
-            raise LaunchError(f"hardware.ray_address: is {address}, where no Ray cluster answers ({err}); give the "
-                              "address `ray start --head` printed (HOST:6379), auto for the cluster started on this "
-                              "machine, or null to start one for this run") from None
+            raise LaunchError(f"{named_by}: is {address}, where no Ray cluster answers ({err}); give the address "
+                              "`ray start --head` printed (HOST:6379), auto for the cluster started on this machine, "
+                              "or null (with RAY_ADDRESS unset) to start one for this run") from None
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=False,
-                 **({} if address else {"num_cpus": max(workers, _cpus())}))
+                 **({"num_cpus": max(workers, _cpus())} if address == OWN_INSTANCE else {}))
     except ConnectionError as err:  # address=auto with no cluster running here, among others
-        raise LaunchError(f"hardware.ray_address: is {address}, and no Ray cluster was found ({_last_line(err)}); "
-                          "start one with `ray start --head` and give its address (or auto on that machine), or "
-                          "leave hardware.ray_address null to start one for this run") from None
+        raise LaunchError(f"{named_by}: is {address}, and no Ray cluster was found ({_last_line(err)}); start one "
+                          "with `ray start --head` and give its address (or auto on that machine), or leave "
+                          "hardware.ray_address null (with RAY_ADDRESS unset) to start one for this run") from None
 
 
-def _say_what_the_cluster_lacks(ray, address: str | None, workers: int, gpus: bool) -> None:
+def _say_what_the_cluster_lacks(ray, address: str, workers: int, gpus: bool) -> None:
     """Ray Train waits, with no word, until the cluster has a CPU (or GPU) per worker: say so when it has fewer
     now. An autoscaling cluster adds nodes for them, so this is a warning, not a refusal."""
     kind = "GPU" if gpus else "CPU"
@@ -134,8 +153,6 @@ def _say_what_the_cluster_lacks(ray, address: str | None, workers: int, gpus: bo
 
 
 def _cpus() -> int:
-    import os
-
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 

@@ -104,5 +104,26 @@ def test_an_address_where_no_cluster_answers_is_named_at_once():
 
     with pytest.raises(LaunchError, match=r"hardware.ray_address: is 127.0.0.1:9, where no Ray cluster answers "
                                           r"\(.*refused\); give the address `ray start --head` printed"):
-        _connect(ray, "127.0.0.1:9", 2)
+        _connect(ray, "127.0.0.1:9", "hardware.ray_address", 2)
     assert not ray.is_initialized()
+
+
+def test_null_starts_an_instance_of_its_own_unless_ray_address_names_a_cluster(monkeypatch):
+    """ray.init() without an address would join the newest cluster `ray start` left on this machine (whose workers
+    do not see this run's Python path: the killed-worker test failed so beside another user's cluster); "local" is
+    Ray's word for an instance of the run's own. RAY_ADDRESS is how `ray job submit` names its cluster."""
+    from runner.launch.ray_train import cluster_address
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert cluster_address(None) == ("local", "hardware.ray_address")
+    assert cluster_address("auto") == ("auto", "hardware.ray_address")
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    assert cluster_address(None) == ("10.0.0.1:6379", "RAY_ADDRESS")
+    assert cluster_address("ray://head:10001") == ("ray://head:10001", "hardware.ray_address")
+
+
+def test_a_ray_address_where_no_cluster_answers_is_named(tmp_path):
+    result = run_cli(*SMALL, *RAY, "trainer.max_steps=1", cwd=tmp_path, env={"RAY_ADDRESS": "127.0.0.1:9"})
+    assert result.returncode == 1, result.output
+    assert "RAY_ADDRESS: is 127.0.0.1:9, where no Ray cluster answers" in result.stderr, result.stderr
+    assert "or null (with RAY_ADDRESS unset) to start one for this run" in result.stderr
