@@ -39,7 +39,7 @@ from runner.errors import ConfigError, Problem
 from runner.accelerate.precision import Precision, autocast_forward, plain_forward
 from runner.accelerate import collectives
 from runner.accelerate.extras import AcceleratorExtras
-from runner.accelerate.dataloader import PreparedDataLoader
+from runner.accelerate.dataloader import PreparedDataLoader, warn_of_fork_deadlock
 from runner.accelerate.dispatch import DispatchedDataLoader
 from runner.accelerate.trackers import kinds as tracker_kinds
 from runner.accelerate.options import (
@@ -339,6 +339,8 @@ class Accelerator(AcceleratorExtras):
             raise ConfigError(Problem("DataLoaderConfiguration.dispatch_batches", (
                 "True is not supported on XLA devices (nor is it in Accelerate): each process reads its share; use "
                 "dispatch_batches=False")))
+        if self.is_main_process:
+            warn_of_fork_deadlock(loader, self.num_processes)
         kind = DispatchedDataLoader if self.dataloader_config.dispatch_batches else PreparedDataLoader
         return kind(loader, self.num_processes, self.process_index, self.dataloader_config, self.shared, device)
 

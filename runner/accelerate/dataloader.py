@@ -13,6 +13,9 @@ It keeps the user's dataset, collate_fn, workers and generator; only the samplin
 from __future__ import annotations
 
 import copy
+import logging
+import multiprocessing
+import sys
 from collections import deque
 from typing import Any, Iterator
 
@@ -25,6 +28,15 @@ from runner.accelerate.sharding import (
     BatchShard, IterableShard, WithReal, marking_last, sync_generators, with_agreed_shuffle,
 )
 
+log = logging.getLogger(__name__)
+
+FORK_DEADLOCK_FIXED_IN = {(3, 10): (3, 10, 15), (3, 11): (3, 11, 10)}
+"""CPython gh-112275: a child forked while another thread holds the interpreter's thread-state lock waits on it
+for ever, in PyOS_AfterFork_Child. torch.distributed's gloo threads take that lock each time they free a finished
+collective's tensors (pybind11 creates a thread state for the decref), so a DataLoader forking its workers right
+after a collective hangs now and then (Accelerate's test_distributed_data_loop.py: 1 run in 145 on Python 3.11.7;
+the worker's C stack ends in _PyThreadState_DeleteExcept). Fixed in these releases, and in 3.12."""
+
 
 def loader_settings(loader: DataLoader) -> dict:
     """The settings of `loader` that are not about sampling, to re-make it with."""
@@ -35,6 +47,35 @@ def loader_settings(loader: DataLoader) -> dict:
     if loader.num_workers > 0:
         settings["prefetch_factor"] = loader.prefetch_factor
     return settings
+
+
+def fork_deadlock_risk(loader: DataLoader, num_processes: int, version: tuple = tuple(sys.version_info[:3])) -> str:
+    """Why the workers of `loader` may hang at their start on this Python (FORK_DEADLOCK_FIXED_IN), or "" when
+    they cannot: one process, no workers, workers not forked, or a Python with the fix."""
+    fixed = FORK_DEADLOCK_FIXED_IN.get(tuple(version[:2]))
+    if num_processes < 2 or loader.num_workers == 0 or fixed is None or tuple(version) >= fixed:
+        return ""
+    context = loader.multiprocessing_context
+    method = context.get_start_method() if context is not None else (
+        multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0])
+    if method != "fork":
+        return ""
+    python = ".".join(map(str, version))
+    return (f"DataLoader(num_workers={loader.num_workers}) forks its workers, and on Python {python} a worker "
+            "forked while a torch.distributed thread frees a finished collective can hang for ever at its start "
+            f"(CPython gh-112275, fixed in Python {'.'.join(map(str, fixed))}): upgrade Python, or give the "
+            "DataLoader multiprocessing_context=\"forkserver\" (its dataset and collate_fn must then pickle)")
+
+
+_warned: set[str] = set()
+
+
+def warn_of_fork_deadlock(loader: DataLoader, num_processes: int) -> None:
+    """Log fork_deadlock_risk once per process (a script prepares many loaders)."""
+    risk = fork_deadlock_risk(loader, num_processes)
+    if risk and risk not in _warned:
+        _warned.add(risk)
+        log.warning(risk)
 
 
 def shard(loader: DataLoader, num_processes: int, process_index: int, config) -> tuple[DataLoader, Any]:

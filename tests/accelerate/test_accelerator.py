@@ -501,3 +501,22 @@ def test_bad_arguments_are_named(arguments, message):
 def test_cuda_without_a_gpu_is_named_at_once():
     with pytest.raises(HardwareError, match=r"Accelerator\(device='cuda'\): this torch cannot use a CUDA GPU here"):
         Accelerator("cuda")
+
+
+def test_forked_workers_on_a_python_with_the_fork_deadlock_are_named():
+    """CPython gh-112275 (runner/accelerate/dataloader.py): only forked workers of a multi-process run, only on
+    3.10 before 3.10.15 and 3.11 before 3.11.10; the message names the fix and the way around it."""
+    from runner.accelerate.dataloader import fork_deadlock_risk
+
+    forked = DataLoader(range(4), num_workers=2, multiprocessing_context="fork")
+    message = fork_deadlock_risk(forked, 2, (3, 11, 7))
+    assert message.startswith("DataLoader(num_workers=2) forks its workers, and on Python 3.11.7 a worker forked")
+    assert "(CPython gh-112275, fixed in Python 3.11.10): upgrade Python, or give the DataLoader " \
+           'multiprocessing_context="forkserver"' in message
+    assert "fixed in Python 3.10.15" in fork_deadlock_risk(forked, 2, (3, 10, 14))
+    for version in ((3, 11, 10), (3, 10, 15), (3, 12, 1), (3, 13, 0)):
+        assert fork_deadlock_risk(forked, 2, version) == "", version
+    assert fork_deadlock_risk(forked, 1, (3, 11, 7)) == ""
+    assert fork_deadlock_risk(DataLoader(range(4)), 2, (3, 11, 7)) == ""
+    spawned = DataLoader(range(4), num_workers=2, multiprocessing_context="spawn")
+    assert fork_deadlock_risk(spawned, 2, (3, 11, 7)) == ""
