@@ -225,8 +225,11 @@ def script_failure(failures: dict[int, object], exited: dict[int, float], stderr
 
     def order(item) -> tuple:
         rank, failure = item
-        return (rank in lost_peer, exited.get(failure.pid, float("inf")), failure.exitcode in ended_by_launcher,
-                failure.timestamp, rank)
+        # SIGTERM is how the launcher ends the others once one rank has failed, so a rank it ended comes after
+        # those that ended by themselves, whatever the exit times say: a rank's exit is timed by a thread of the
+        # launcher that can wake late under load. SIGKILL keeps its time: the kernel's OOM killer sends it too.
+        return (rank in lost_peer, failure.exitcode == -signal.SIGTERM, exited.get(failure.pid, float("inf")),
+                failure.exitcode in ended_by_launcher, failure.timestamp, rank)
 
     def how(rank: int, failure) -> str:
         if rank in lost_peer:
