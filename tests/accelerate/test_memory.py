@@ -104,7 +104,7 @@ def test_runner_plan_builds_one_batch_of_data(capsys, monkeypatch):
     flops = r"([\d.]+ [MGT]?FLOP)"
     step = re.fullmatch(rf"step time: {flops} per process per optimizer step \({flops} per sample, counted on one "
                         rf"step's forward and backward by torch.utils.flop_counter\) -> at least ([\d.]+) ms at "
-                        rf"the device's peak of {flops}/s \(a 1024x1024 bfloat16 matmul on \d+ thread\(s\), "
+                        rf"the device's peak of {flops}/s \(a (\d+)x\5 bfloat16 matmul on \d+ thread\(s\), "
                         r"measured (now|earlier, cached in \S+)\); the run logs train/mfu, the share of that peak it reaches", lines[6])
     assert step, lines[6]
     per_step, per_sample, peak = (flop_count(step.group(index)) for index in (1, 2, 4))
